@@ -1,0 +1,1 @@
+"""Reading, writing and feeding the Mocheg release layout."""

@@ -1,0 +1,1 @@
+"""Retrieval, classification and generation metrics, exactly as the Mocheg paper defines them."""
