@@ -1,0 +1,252 @@
+"""grain input pipelines, one per task, over the prepared `mocheg` TFDS data.
+
+Every pipeline: eligible records of a split -> this process's shard -> deterministic
+shuffle by seed -> epochs -> per-example transform (random choices seeded by grain from the
+dataset seed and the record index, tokenisation, image decoding: all in grain workers) ->
+fixed-shape numpy batches. The iterator's `get_state()` / `set_state()` let the trainer
+checkpoint the input position together with the model.
+
+Records a task cannot use (a claim with no relevant sentence for text retrieval, say) are
+left out by an index scan up front and counted in `Pipeline.skipped`, never silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import grain
+import numpy as np
+
+from mocheg_jax.data import labels
+from mocheg_jax.data import tfds_mocheg
+from mocheg_jax.data.vision import decode_image
+
+Example = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderConfig:
+  """How examples are batched and ordered (task-independent)."""
+  batch_size: int
+  seed: int = 0
+  shuffle: bool = True
+  num_epochs: int | None = None  # None: repeat forever (training); 1 for evaluation.
+  drop_remainder: bool = True
+  worker_count: int = 0  # grain worker processes; 0 transforms in the main process.
+  shard_index: int | None = None  # Default: jax.process_index().
+  shard_count: int | None = None  # Default: jax.process_count().
+
+
+@dataclasses.dataclass
+class Pipeline:
+  dataset: grain.IterDataset
+  num_records: int  # Records this process reads per epoch.
+  skipped: int  # Records of the split that the task cannot use (all processes).
+  skip_reason: str
+
+  def __iter__(self):
+    return iter(self.dataset)
+
+
+class _Subset:
+  """A random-access view of some indices of a source (picklable for grain workers)."""
+
+  def __init__(self, source, indices: Sequence[int]):
+    self._source, self._indices = source, np.asarray(indices, np.int64)
+
+  def __len__(self) -> int:
+    return len(self._indices)
+
+  def __getitem__(self, i: int):
+    return self._source[int(self._indices[i])]
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str):
+  # Loaded lazily once per worker process: tokenizers are not shipped between processes.
+  from mocheg_jax.data.tokenizers import load_tokenizer
+  return load_tokenizer(path)
+
+
+def _text(value) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _encode(tokenizer_dir: str, text: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+  enc = _tokenizer(tokenizer_dir)(text, max_length=max_len, truncation=True,
+                                  padding="max_length")
+  return (np.asarray(enc["input_ids"], np.int32),
+          np.asarray(enc["attention_mask"], np.int32))
+
+
+def _source(data_dir: str, config: str, split: str):
+  return tfds_mocheg.load(data_dir, config).as_data_source()[split]
+
+
+def _make_pipeline(source, keep: Callable[[Example], bool], skip_reason: str,
+                   transform: Callable[[Example, np.random.Generator], Example],
+                   loader: LoaderConfig) -> Pipeline:
+  eligible = [i for i in range(len(source)) if keep(source[i])]
+  if loader.shard_index is None or loader.shard_count is None:
+    import jax  # Only for the process layout; data code runs without devices otherwise.
+    shard_index, shard_count = jax.process_index(), jax.process_count()
+  else:
+    shard_index, shard_count = loader.shard_index, loader.shard_count
+  shard = eligible[shard_index::shard_count]
+  if not shard:
+    raise ValueError(f"no usable records in this shard ({skip_reason}: all "
+                     f"{len(source)} records of the split were skipped)")
+  ds = grain.MapDataset.source(_Subset(source, shard)).seed(loader.seed)
+  if loader.shuffle:
+    ds = ds.shuffle()
+  ds = ds.repeat(loader.num_epochs)
+  ds = ds.random_map(transform).batch(loader.batch_size, drop_remainder=loader.drop_remainder)
+  iter_ds = ds.to_iter_dataset()
+  if loader.worker_count > 0:
+    iter_ds = iter_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=loader.worker_count))
+  return Pipeline(iter_ds, len(shard), len(source) - len(eligible), skip_reason)
+
+
+# ---- text retrieval: (claim, positive sentence, hard negative) ---------------------------
+def _text_retrieval_example(record: Example, rng: np.random.Generator, *, tokenizer_dir: str,
+                            max_query_len: int, max_doc_len: int) -> Example:
+  positives = record["relevant_sentences"]
+  negatives = record["negative_sentences"]
+  positive = _text(positives[rng.integers(len(positives))])
+  negative = _text(negatives[rng.integers(len(negatives))]) if len(negatives) else ""
+  q_ids, q_mask = _encode(tokenizer_dir, _text(record["claim"]), max_query_len)
+  p_ids, p_mask = _encode(tokenizer_dir, positive, max_doc_len)
+  n_ids, n_mask = _encode(tokenizer_dir, negative, max_doc_len)
+  return {"claim_id": np.int64(record["claim_id"]), "query_ids": q_ids, "query_mask": q_mask,
+          "positive_ids": p_ids, "positive_mask": p_mask, "negative_ids": n_ids,
+          "negative_mask": n_mask, "has_negative": np.bool_(len(negatives) > 0)}
+
+
+def text_retrieval(data_dir: str, split: str, tokenizer_dir: str, loader: LoaderConfig,
+                   max_query_len: int = 64, max_doc_len: int = 100) -> Pipeline:
+  transform = functools.partial(_text_retrieval_example, tokenizer_dir=tokenizer_dir,
+                                max_query_len=max_query_len, max_doc_len=max_doc_len)
+  return _make_pipeline(_source(data_dir, "claims", split),
+                        lambda r: len(r["relevant_sentences"]) > 0,
+                        "no relevant KB sentence", transform, loader)
+
+
+# ---- image retrieval: (claim, positive KB image) ----------------------------------------
+def _image_retrieval_example(record: Example, rng: np.random.Generator, *, tokenizer_dir: str,
+                             max_query_len: int, image_size: int) -> Example:
+  images = record["relevant_image_bytes"]
+  q_ids, q_mask = _encode(tokenizer_dir, _text(record["claim"]), max_query_len)
+  pixels = decode_image(images[rng.integers(len(images))], image_size)
+  return {"claim_id": np.int64(record["claim_id"]), "query_ids": q_ids, "query_mask": q_mask,
+          "image": pixels}
+
+
+def image_retrieval(data_dir: str, split: str, tokenizer_dir: str, loader: LoaderConfig,
+                    max_query_len: int = 77, image_size: int = 224) -> Pipeline:
+  transform = functools.partial(_image_retrieval_example, tokenizer_dir=tokenizer_dir,
+                                max_query_len=max_query_len, image_size=image_size)
+  return _make_pipeline(_source(data_dir, "claims", split),
+                        lambda r: len(r["relevant_image_bytes"]) > 0,
+                        "no relevant KB image", transform, loader)
+
+
+# ---- verification: claim with padded text and image evidence ----------------------------
+def _verification_example(record: Example, rng: np.random.Generator, *, tokenizer_dir: str,
+                          max_claim_len: int, max_evidence_len: int, max_text_evidence: int,
+                          max_images: int, image_size: int) -> Example:
+  del rng  # Evidence order is kept; the cap keeps the first items (documented in config).
+  claim_ids, claim_mask = _encode(tokenizer_dir, _text(record["claim"]), max_claim_len)
+  text_ids = np.zeros((max_text_evidence, max_evidence_len), np.int32)
+  text_mask = np.zeros((max_text_evidence, max_evidence_len), np.int32)
+  evidence = list(record["evidence"])[:max_text_evidence]
+  for i, snippet in enumerate(evidence):
+    text_ids[i], text_mask[i] = _encode(tokenizer_dir, _text(snippet), max_evidence_len)
+  pixels = np.zeros((max_images, image_size, image_size, 3), np.float32)
+  proofs = list(record["proof_image_bytes"])[:max_images]
+  for i, data in enumerate(proofs):
+    pixels[i] = decode_image(data, image_size)
+  return {
+      "claim_id": np.int64(record["claim_id"]), "claim_ids": claim_ids,
+      "claim_mask": claim_mask, "evidence_ids": text_ids, "evidence_mask": text_mask,
+      "evidence_present": np.arange(max_text_evidence) < len(evidence),
+      "images": pixels, "image_present": np.arange(max_images) < len(proofs),
+      "label": np.int32(record["label"]),
+  }
+
+
+def verification(data_dir: str, split: str, tokenizer_dir: str, loader: LoaderConfig,
+                 max_claim_len: int = 77, max_evidence_len: int = 77,
+                 max_text_evidence: int = 8, max_images: int = 4,
+                 image_size: int = 224) -> Pipeline:
+  transform = functools.partial(
+      _verification_example, tokenizer_dir=tokenizer_dir, max_claim_len=max_claim_len,
+      max_evidence_len=max_evidence_len, max_text_evidence=max_text_evidence,
+      max_images=max_images, image_size=image_size)
+  return _make_pipeline(_source(data_dir, "claims", split), lambda r: True, "none",
+                        transform, loader)
+
+
+# ---- explanation generation: source and target token ids --------------------------------
+def explanation_source_ids(tokenizer, label: str, claim: str, evidence: str, max_len: int,
+                           left_truncation: bool = False) -> list[int]:
+  """Token ids of `"{label} </s> {claim} </s> {evidence}"` in at most `max_len` tokens.
+
+  By default the evidence is what gets cut, so the label and claim always survive;
+  `left_truncation=True` reproduces the reference, which drops tokens from the start.
+  """
+  bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+  encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+  prefix = encode(label) + [eos] + encode(" " + claim) + [eos]
+  body = prefix + encode(" " + evidence)
+  room = max_len - 2
+  if left_truncation:
+    kept = body[-room:] if len(body) > room else body
+  else:
+    kept = prefix[:room] + body[len(prefix):][:max(0, room - len(prefix))]
+  return [bos] + kept + [eos]
+
+
+def _pad(ids: Sequence[int], max_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  out = np.full((max_len,), pad_id, np.int32)
+  out[:len(ids)] = ids
+  return out, (np.arange(max_len) < len(ids)).astype(np.int32)
+
+
+def _explanation_example(record: Example, rng: np.random.Generator, *, tokenizer_dir: str,
+                         max_source_len: int, max_target_len: int,
+                         left_truncation: bool) -> Example:
+  del rng
+  tokenizer = _tokenizer(tokenizer_dir)
+  label = labels.LABEL_NAMES[int(record["label"])]
+  evidence = " ".join(_text(e) for e in record["evidence"])
+  source = explanation_source_ids(tokenizer, label, _text(record["claim"]), evidence,
+                                  max_source_len, left_truncation)
+  target = tokenizer(_text(record["explanation"]), max_length=max_target_len,
+                     truncation=True)["input_ids"]
+  pad = tokenizer.pad_token_id
+  source_ids, source_mask = _pad(source, max_source_len, pad)
+  target_ids, target_mask = _pad(target, max_target_len, pad)
+  return {"claim_id": np.int64(record["claim_id"]), "source_ids": source_ids,
+          "source_mask": source_mask, "target_ids": target_ids, "target_mask": target_mask,
+          "label": np.int32(record["label"])}
+
+
+def explanation(data_dir: str, split: str, tokenizer_dir: str, loader: LoaderConfig,
+                max_source_len: int = 512, max_target_len: int = 400,
+                left_truncation: bool = False) -> Pipeline:
+  transform = functools.partial(
+      _explanation_example, tokenizer_dir=tokenizer_dir, max_source_len=max_source_len,
+      max_target_len=max_target_len, left_truncation=left_truncation)
+  return _make_pipeline(_source(data_dir, "claims", split),
+                        lambda r: len(_text(r["explanation"]).strip()) > 0,
+                        "no gold explanation", transform, loader)
+
+
+TASKS: dict[str, Callable[..., Pipeline]] = {
+    "text_retrieval": text_retrieval,
+    "image_retrieval": image_retrieval,
+    "verification": verification,
+    "explanation": explanation,
+}
