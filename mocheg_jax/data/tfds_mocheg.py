@@ -92,12 +92,11 @@ class Mocheg(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Claims, KB sentences and cleaned KB images."}
   BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=name) for name in FEATURES]
   MANUAL_DOWNLOAD_INSTRUCTIONS = "Pass the Mocheg release root folder as the manual dir."
-  # Examples keep the release's order: ids stay easy to audit and builds reproducible.
-  disable_shuffling = True
-
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description=__doc__,
+        # Examples keep the release's order: ids stay easy to audit, builds reproducible.
+        disable_shuffling=True,
         features=tfds.features.FeaturesDict(FEATURES[self.builder_config.name]))
 
   def _split_generators(self, dl_manager):
