@@ -197,6 +197,16 @@ class MochegRelease:
         continue
       yield KBSentence(sid, ids[0], ids[1], ids[2], sentence)
 
+  def approx_sentence_count(self) -> int | None:
+    """Line count of the sentence file (a fast estimate for progress ETAs), else None."""
+    if not self.has_sentence_file():
+      return None
+    lines = 0
+    with open(self.path(SENTENCE_KB), "rb") as f:
+      while chunk := f.read(1 << 24):
+        lines += chunk.count(b"\n")
+    return max(0, lines - 1)
+
   def kb_images(self, clean: bool = True) -> list[str]:
     """Sorted KB image names (proof images excluded), cleaned by the paper's rules.
 

@@ -15,13 +15,13 @@ brackets, followed by whitespace. Whether a candidate is a boundary depends on t
   sentences (`ENDING_ABBREVIATIONS`: "etc.", "Inc.", "Ltd.", "Co.", "Corp.", "Jr.", "Sr.",
   "a.m.", "p.m.").
 * A `.` after an abbreviation that usually continues (`ABBREVIATIONS`: titles such as "Dr.",
-  "Mr.", "St.", "Sen.", "Gov."; "No.", "Vol.", "Fig."; the months "Jan." ... "Dec."), after
-  a single-letter initial ("J."), or after a dotted acronym ("U.S.", "U.K.", "Ph.D.") splits
-  only when the next word is one of `SENTENCE_STARTERS`: closed-class words that open
-  sentences (articles, pronouns, prepositions, conjunctions, sentence adverbs such as "The",
-  "It", "In", "However", "According"). So "in the U.S. The next" and "on Main St. Then"
-  split, while "Dr. Smith", "St. Louis", "U.S. Army", "No. 5", "Jan. 6" and "J. R. Venn"
-  do not.
+  "Mr.", "St.", "Sen.", "Gov."; "No.", "Vol.", "Fig.", "p."; the months "Jan." ... "Dec."),
+  after an upper-case single-letter initial ("J."), or after a dotted acronym ("U.S.",
+  "U.K.", "Ph.D.") splits only when the next word is one of `SENTENCE_STARTERS`:
+  closed-class words that open sentences (articles, pronouns, prepositions, conjunctions,
+  sentence adverbs such as "The", "It", "In", "However", "According"), never names. So
+  "in the U.S. The next" and "on Main St. Then" split, while "Dr. Smith", "St. Louis",
+  "U.S. Army", "No. 5", "Jan. 6" and "J. R. Venn" do not.
 * `INNER_ABBREVIATIONS` ("e.g.", "i.e.", "vs.", "v.", "cf.", "viz.") never end a sentence.
 
 Limits of the heuristic (by design, to stay fast and predictable): a sentence that ends
@@ -29,8 +29,10 @@ with a continuing abbreviation, an initial or an acronym and is followed by a ca
 word that is not a sentence starter ("...in the U.S. Officials said") is not split; a
 sentence that starts with a lower-case word ("...ended. iPhones sold") is joined to the
 previous one; a terminator with no following space ("ended.Then") is not a boundary; an
-ordinary-looking abbreviation missing from our lists before a capitalised word ("Messrs"
-is listed, "Dept." is not) splits. Text generated for tests should follow these rules.
+abbreviation missing from our lists splits before any capitalised word ("Dept. Head");
+a lower-case single letter is an ordinary word ("bought a. The"). Text generated for tests
+must follow these rules: end a sentence with an abbreviation only when the next sentence
+opens with a `SENTENCE_STARTERS` word.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ TITLE_ABBREVIATIONS: frozenset[str] = frozenset((
 NUMBER_ABBREVIATIONS: frozenset[str] = frozenset((
     "No", "Nos", "no", "nos", "Vol", "vol", "Vols", "vols", "Fig", "fig", "Figs", "figs",
     "Art", "art", "Ch", "ch", "Sec", "sec", "Pt", "pt", "Pp", "pp", "Ex", "Eq", "eq", "Op",
-    "op", "Ref", "ref", "Tel", "tel", "approx", "Approx", "ca", "est", "Est",
+    "op", "Ref", "ref", "Tel", "tel", "approx", "Approx", "ca", "c", "est", "Est", "p",
 ))
 MONTH_ABBREVIATIONS: frozenset[str] = frozenset((
     "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec",
@@ -183,8 +185,9 @@ def _is_boundary(text: str, match: re.Match[str]) -> bool:
   if core in ENDING_ABBREVIATIONS:
     return True
   if len(core) == 1:
-    # A single-letter initial ("J. R. Venn") continues unless a sentence starter follows.
-    return not core.isalpha() or _next_word(text, pos) in SENTENCE_STARTERS
+    # An upper-case initial ("J. R. Venn") continues unless a sentence starter follows; a
+    # lower-case letter ("...bought a.") is an ordinary word.
+    return not core.isupper() or _next_word(text, pos) in SENTENCE_STARTERS
   if "." in core and _ACRONYM.fullmatch(core):
     return _next_word(text, pos) in SENTENCE_STARTERS
   return True

@@ -26,6 +26,7 @@ from mocheg_jax.data import images as image_names
 from mocheg_jax.data import labels
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
 from mocheg_jax.data.report import SkipReport
+from mocheg_jax.utils.progress import track
 
 NAME = "mocheg"
 KB_SPLIT = "kb"
@@ -103,7 +104,7 @@ class Mocheg(tfds.core.GeneratorBasedBuilder):
     self._release = MochegRelease(dl_manager.manual_dir)
     name = self.builder_config.name
     if name == "claims":
-      return {split: self._claims(split) for split in SPLITS}
+      return self._claim_splits()
     if name == "kb_sentences":
       return {KB_SPLIT: self._kb_sentences()}
     return {KB_SPLIT: self._kb_images()}
@@ -112,15 +113,25 @@ class Mocheg(tfds.core.GeneratorBasedBuilder):
     raise NotImplementedError
 
   # ---- configs ---------------------------------------------------------------------
-  def _claims(self, split: str):
+  def _claim_splits(self):
     release = self._release
-    claims = release.claims(split)
-    text_qrels, image_qrels = release.text_qrels(split), release.image_qrels(split)
-    relevant = {c.claim_id: [d for d, r in sorted(text_qrels.get(c.claim_id, {}).items())
-                             if r == 1] for c in claims}
-    wanted = {doc for docs in relevant.values() for doc in docs}
-    texts, negatives = self._sentence_texts(wanted, set(relevant))
-    for c in claims:
+    claims = {split: release.claims(split) for split in SPLITS}
+    relevant = {}
+    for split in SPLITS:
+      qrels = release.text_qrels(split)
+      for c in claims[split]:
+        relevant[c.claim_id] = [d for d, r in sorted(qrels.get(c.claim_id, {}).items())
+                                if r == 1]
+    # One pass over the KB serves all three splits.
+    texts, negatives = self._sentence_texts({d for ds in relevant.values() for d in ds},
+                                            set(relevant))
+    return {split: self._claims(split, claims[split], relevant, texts, negatives)
+            for split in SPLITS}
+
+  def _claims(self, split, claims, relevant, texts, negatives):
+    release = self._release
+    image_qrels = release.image_qrels(split)
+    for c in track(claims, f"TFDS claims/{split}", unit="claims"):
       found = [d for d in relevant[c.claim_id] if d in texts]
       for d in relevant[c.claim_id]:
         if d not in texts:
@@ -152,7 +163,8 @@ class Mocheg(tfds.core.GeneratorBasedBuilder):
     """
     texts: dict[str, str] = {}
     negatives: dict[int, list[tuple[int, str]]] = {}
-    for s in self._release.iter_sentences():
+    for s in track(self._release.iter_sentences(), "KB pass for the claims", unit="sentences",
+                   total=self._release.approx_sentence_count()):
       if s.corpus_id in wanted:
         texts[s.corpus_id] = s.text
       elif s.claim_id in claim_ids and s.text:
@@ -167,14 +179,15 @@ class Mocheg(tfds.core.GeneratorBasedBuilder):
     return texts, negatives
 
   def _kb_sentences(self):
-    for s in self._release.iter_sentences():
+    for s in track(self._release.iter_sentences(), "TFDS kb_sentences", unit="sentences",
+                   total=self._release.approx_sentence_count()):
       yield s.corpus_id, {"corpus_id": s.corpus_id, "claim_id": s.claim_id,
                           "relevant_document_id": s.relevant_document_id,
                           "paragraph_id": s.paragraph_id, "text": s.text}
 
   def _kb_images(self):
     release = self._release
-    for name in release.kb_images(clean=True):
+    for name in track(release.kb_images(clean=True), "TFDS kb_images", unit="images"):
       data = _read_image(release.image_path(name), release.report)
       if data is None:
         continue

@@ -1,0 +1,140 @@
+import numpy as np
+import pytest
+
+from mocheg_jax.data import pipelines, tfds_mocheg, tokenizers
+from mocheg_jax.data.mocheg import MochegRelease
+from tests.release_fixture import write_release
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("release")
+  write_release(str(root))
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  tfds_mocheg.build(str(root), data_dir, ("claims",))
+  release = MochegRelease(root)
+  texts = [c.claim + " " + " ".join(c.evidence) + " " + c.explanation
+           for s in ("train", "val", "test") for c in release.claims(s)] * 3
+  tok = tmp_path_factory.mktemp("tok")
+  wordpiece, bpe = str(tok / "wp"), str(tok / "bpe")
+  tokenizers.train_wordpiece(texts, wordpiece, vocab_size=300)
+  tokenizers.train_byte_bpe(texts, bpe, vocab_size=400)
+  return data_dir, wordpiece, bpe
+
+
+def _loader(**kw):
+  return pipelines.LoaderConfig(**{"batch_size": 2, "seed": 3, "shard_index": 0,
+                                   "shard_count": 1, **kw})
+
+
+def _decode(tokenizer_dir, ids):
+  return tokenizers.load_tokenizer(tokenizer_dir).decode(ids, skip_special_tokens=True)
+
+
+def _batches(pipeline, n):
+  it = iter(pipeline)
+  return [next(it) for _ in range(n)]
+
+
+def test_text_retrieval_skips_claims_without_evidence(setup):
+  data_dir, wp, _ = setup
+  p = pipelines.text_retrieval(data_dir, "train", wp, _loader(), max_query_len=16,
+                               max_doc_len=12)
+  assert (p.num_records, p.skipped) == (2, 1)  # claim 4 has no relevant sentence
+  batch = next(iter(p))
+  assert batch["query_ids"].shape == (2, 16) and batch["positive_ids"].shape == (2, 12)
+  claims = {1: "the bridge has 3 arches.", 2: "a photo shows the varlen bridge."}
+  for i in range(2):
+    assert _decode(wp, batch["query_ids"][i]) == claims[int(batch["claim_id"][i])]
+  one = [i for i in range(2) if batch["claim_id"][i] == 1][0]
+  assert _decode(wp, batch["positive_ids"][one]) in ("it has three arches.", "built in 1901.")
+  assert _decode(wp, batch["negative_ids"][one]) == "dr. venn opened it."
+
+
+def test_image_and_verification_batches(setup):
+  data_dir, wp, _ = setup
+  img = next(iter(pipelines.image_retrieval(data_dir, "train", wp, _loader(batch_size=1),
+                                            image_size=32)))
+  assert img["image"].shape == (1, 32, 32, 3) and img["image"].dtype == np.float32
+  # The fixture's bridge image is plain (200, 30, 30) red: check the CLIP normalisation.
+  red = (200 / 255 - 0.48145466) / 0.26862954
+  assert abs(float(img["image"][0, 16, 16, 0]) - red) < 0.05
+  p = pipelines.verification(data_dir, "train", wp, _loader(batch_size=3, shuffle=False),
+                             max_claim_len=16, max_evidence_len=12, max_text_evidence=3,
+                             max_images=2, image_size=32)
+  batch = next(iter(p))
+  assert batch["evidence_ids"].shape == (3, 3, 12) and batch["images"].shape == (3, 2, 32, 32, 3)
+  by_id = {int(c): i for i, c in enumerate(batch["claim_id"])}
+  assert batch["evidence_present"][by_id[1]].tolist() == [True, True, False]
+  assert batch["evidence_present"][by_id[4]].tolist() == [False, False, False]
+  assert batch["image_present"][by_id[2]].tolist() == [True, False]
+  assert batch["label"][by_id[2]] == 0 and batch["label"][by_id[4]] == 2
+
+
+def test_explanation_source_truncation(setup):
+  _, _, bpe = setup
+  tok = tokenizers.load_tokenizer(bpe)
+  evidence = " ".join(["bridge arches"] * 50)
+  kept = pipelines.explanation_source_ids(tok, "refuted", "The bridge has 3 arches.",
+                                          evidence, max_len=24)
+  assert len(kept) == 24 and kept[0] == tok.bos_token_id and kept[-1] == tok.eos_token_id
+  assert tok.decode(kept, skip_special_tokens=False).startswith(
+      "<s>refuted</s> The bridge has 3 arches.</s> bridge arches")
+  left = pipelines.explanation_source_ids(tok, "refuted", "The bridge has 3 arches.",
+                                          evidence, max_len=24, left_truncation=True)
+  assert len(left) == 24 and "refuted" not in tok.decode(left)
+  short = pipelines.explanation_source_ids(tok, "NEI", "Claim.", "Ev.", max_len=64)
+  assert tok.decode(short, skip_special_tokens=False) == "<s>NEI</s> Claim.</s> Ev.</s>"
+
+
+def test_explanation_batch(setup):
+  data_dir, _, bpe = setup
+  p = pipelines.explanation(data_dir, "train", bpe, _loader(batch_size=3, shuffle=False),
+                            max_source_len=40, max_target_len=20)
+  batch = next(iter(p))
+  assert batch["source_ids"].shape == (3, 40) and batch["target_ids"].shape == (3, 20)
+  row = int(np.where(batch["claim_id"] == 1)[0][0])
+  assert _decode(bpe, batch["target_ids"][row]) == "The bridge indeed has three arches."
+
+
+def test_deterministic_and_resumable(setup):
+  data_dir, wp, _ = setup
+  make = lambda seed=3: pipelines.text_retrieval(  # noqa: E731
+      data_dir, "train", wp, _loader(batch_size=1, seed=seed), max_query_len=8, max_doc_len=8)
+  first, again = _batches(make(), 6), _batches(make(), 6)
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a["positive_ids"], b["positive_ids"])
+  orders = {tuple(int(b["claim_id"][0]) for b in _batches(make(seed), 6)) for seed in range(6)}
+  assert len(orders) > 1  # the seed changes the order
+  it = iter(make())
+  for _ in range(3):
+    next(it)
+  state = it.get_state()
+  tail = [next(it) for _ in range(3)]
+  resumed = iter(make())
+  resumed.set_state(state)
+  for a in tail:
+    b = next(resumed)
+    np.testing.assert_array_equal(a["claim_id"], b["claim_id"])
+    np.testing.assert_array_equal(a["positive_ids"], b["positive_ids"])
+
+
+def test_process_shards_are_disjoint(setup):
+  data_dir, wp, _ = setup
+  ids = []
+  for index in range(2):
+    p = pipelines.verification(data_dir, "train", wp,
+                               _loader(batch_size=1, num_epochs=1, drop_remainder=False,
+                                       shard_index=index, shard_count=2),
+                               max_claim_len=8, max_evidence_len=8, image_size=8)
+    ids.append({int(b["claim_id"][0]) for b in p})
+  assert ids[0].isdisjoint(ids[1]) and ids[0] | ids[1] == {1, 2, 4}
+
+
+def test_worker_processes_give_the_same_batches(setup):
+  data_dir, wp, _ = setup
+  make = lambda workers: pipelines.text_retrieval(  # noqa: E731
+      data_dir, "train", wp, _loader(batch_size=1, worker_count=workers), max_query_len=8,
+      max_doc_len=8)
+  for a, b in zip(_batches(make(0), 4), _batches(make(1), 4)):
+    np.testing.assert_array_equal(a["positive_ids"], b["positive_ids"])
