@@ -254,6 +254,9 @@ def test_csv_qrels_with_extra_column_and_commas(tmp_path):
   qrels = trec.read_qrels(path)
   assert qrels == {"281": {"00281-01920-01-a,b.jpg": 1, "00281-01920-02-.jpg": 1},
                    "17": {"17-4-0": 0}}
+  blank_first = tmp_path / "blank_first.csv"
+  blank_first.write_text("\n\nTOPIC,ITERATION,DOCUMENT#,RELEVANCY\n5,0,5-1-0,1\n")
+  assert trec.read_qrels(blank_first) == {"5": {"5-1-0": 1}}
 
 
 def test_trec_qrels_round_trip(tmp_path):

@@ -54,7 +54,8 @@ def _parse_relevancy(text: str) -> int:
 
 def _add_judgement(qrels: Qrels, topic: str, doc: str, rel: int) -> None:
   # A document can be judged twice for a topic (an image that matches two proof images in
-  # img_evidence_qrels.csv); the higher judgement wins so that no relevant item is lost.
+  # img_evidence_qrels.csv); the higher judgement wins so that no relevant item is lost
+  # (Mocheg qrels hold only 0 and 1).
   docs = qrels.setdefault(topic, {})
   docs[doc] = max(rel, docs.get(doc, rel))
 
@@ -211,32 +212,38 @@ def read_run(path: str | os.PathLike) -> Run:
     MochegInputError: missing file or a malformed line (named by file and line).
   """
   path_str = os.fspath(path)
-  rows: dict[str, list[tuple[float, int, int, str]]] = {}
+  rows: dict[str, list[tuple[str, float, int]]] = {}
   with _open_text(path, "run") as f:
     for line_number, line in enumerate(f, start=1):
       fields = line.split()
-      if not fields:
-        continue
       if len(fields) != 6:
+        if not fields:
+          continue
         raise MochegInputError(
             f"{path_str}: line {line_number}: expected 6 fields 'qid Q0 docid rank score "
             f"tag', found {len(fields)}: {line.strip()[:100]!r}")
-      qid, _, doc, rank_text, score_text, _ = fields
       try:
-        rank = int(rank_text)
+        entry = (fields[2], float(fields[4]), int(fields[3]))
       except ValueError:
-        raise MochegInputError(
-            f"{path_str}: line {line_number}: rank {rank_text!r} is not an integer") from None
-      try:
-        score = float(score_text)
-      except ValueError:
-        raise MochegInputError(
-            f"{path_str}: line {line_number}: score {score_text!r} is not a number") from None
-      if math.isnan(score):
+        raise _bad_run_number(path_str, line_number, fields) from None
+      if entry[1] != entry[1]:  # NaN
         raise MochegInputError(f"{path_str}: line {line_number}: score is NaN")
-      rows.setdefault(qid, []).append((-score, rank, line_number, doc))
+      queue = rows.get(fields[0])
+      if queue is None:
+        rows[fields[0]] = [entry]
+      else:
+        queue.append(entry)
   run: Run = {}
   for qid, entries in rows.items():
-    entries.sort()
-    run[qid] = [(doc, -neg_score) for neg_score, _, _, doc in entries]
+    # A stable sort: score descending, then rank; full ties keep file order.
+    entries.sort(key=lambda e: (-e[1], e[2]))
+    run[qid] = [(doc, score) for doc, score, _ in entries]
   return run
+
+
+def _bad_run_number(path: str, line_number: int, fields: list[str]) -> MochegInputError:
+  try:
+    int(fields[3])
+  except ValueError:
+    return MochegInputError(f"{path}: line {line_number}: rank {fields[3]!r} is not an integer")
+  return MochegInputError(f"{path}: line {line_number}: score {fields[4]!r} is not a number")
