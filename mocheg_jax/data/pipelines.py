@@ -17,6 +17,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 import grain
+from absl import flags
 import numpy as np
 
 from mocheg_jax.data import labels
@@ -105,6 +106,10 @@ def _make_pipeline(source, keep: Callable[[Example], bool], skip_reason: str,
   ds = ds.random_map(transform).batch(loader.batch_size, drop_remainder=loader.drop_remainder)
   iter_ds = ds.to_iter_dataset()
   if loader.worker_count > 0:
+    # grain's workers read absl flags; outside an absl app (notebooks, pytest) nothing has
+    # parsed them, so accept their defaults rather than fail.
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
     iter_ds = iter_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=loader.worker_count))
   return Pipeline(iter_ds, len(shard), len(source) - len(eligible), skip_reason)
 
