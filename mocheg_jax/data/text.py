@@ -165,11 +165,11 @@ def _is_boundary(text: str, match: re.Match[str]) -> bool:
   """Whether the candidate `match` ends a sentence (see the module docstring)."""
   pos = match.end()
   first = text[pos]
-  if first in _OPENERS:
-    rest = text[pos:].lstrip(_OPENERS)
-    if not rest:
+  while first in _OPENERS:  # The next word starts after its opening quotes and brackets.
+    pos += 1
+    if pos == len(text):
       return True
-    first = rest[0]
+    first = text[pos]
   if first.islower() or first in _CONTINUATION:
     return False
   terminator_end = match.start() + 1

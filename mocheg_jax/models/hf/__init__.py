@@ -1,0 +1,1 @@
+"""Weight conversion between our NNX models and HF (transformers) checkpoints, as data."""

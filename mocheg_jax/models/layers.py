@@ -1,0 +1,238 @@
+"""Shared building blocks with logical axis names: dense, layer norm, embedding, attention.
+
+Every model uses these, so attention has one implementation (jax.nn.dot_product_attention,
+which lets GPUs use fused kernels) and every parameter has logical axes. Parameters are
+float32; `dtype` is the compute dtype (bfloat16 for speed), and layer norms and softmax
+are computed in float32 whatever it is.
+
+Axis names: batch, length, embed, mlp, heads, kv (per-head features), vocab, and the
+model-specific ones their modules document.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import spmd
+
+Axes = tuple[str | None, ...]
+Dtype = jnp.dtype | None
+
+default_init = nnx.initializers.normal(stddev=0.02)  # What BERT, CLIP and BART use.
+
+
+def _param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: Axes,
+           param_dtype) -> nnx.Param:
+  if len(axes) != len(shape):
+    raise ValueError(f"axes {axes} do not match shape {tuple(shape)}")
+  return nnx.Param(init(rngs.params(), tuple(shape), param_dtype), out_sharding=axes)
+
+
+def logical_spec(axes: Axes, rules: Sequence[tuple[str, str | None]],
+                 mesh_axes: Sequence[str]) -> jax.sharding.PartitionSpec:
+  """PartitionSpec for logical `axes`: the first rule whose mesh axis exists and is unused.
+
+  A logical name without such a rule is replicated (None), so one rule set serves meshes
+  of any shape.
+  """
+  used: set[str] = set()
+  spec = []
+  for name in axes:
+    target = None
+    for logical, mesh_axis in rules:
+      if logical == name and mesh_axis in mesh_axes and mesh_axis not in used:
+        target = mesh_axis
+        used.add(mesh_axis)
+        break
+    spec.append(target)
+  return jax.sharding.PartitionSpec(*spec)
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+  """Sharding constraint on an activation, by logical axis names.
+
+  A no-op unless a mesh is set (jax.set_mesh) and logical rules are active
+  (nnx.logical_axis_rules), so models run unchanged on one device.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  rules = spmd.get_logical_axis_rules()
+  if mesh.empty or not rules:
+    return x
+  spec = logical_spec(axes, rules, mesh.axis_names)
+  if all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+    return jax.sharding.reshard(x, spec)  # Explicit meshes carry shardings in the types.
+  return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+class Dense(nnx.Module):
+  """y = x W + b, contracting the last len(in_shape) axes of x; W is in_shape + out_shape.
+
+  Multi-axis shapes keep heads explicit ([embed] -> [heads, kv]) so tensor parallelism can
+  shard heads without reshapes.
+  """
+
+  def __init__(self, in_shape: int | Sequence[int], out_shape: int | Sequence[int],
+               axes: Axes, *, use_bias: bool = True, kernel_init: Callable = default_init,
+               dtype: Dtype = None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    self.in_shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
+    self.out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
+    self.dtype = dtype
+    self.kernel = _param(rngs, kernel_init, self.in_shape + self.out_shape, axes, param_dtype)
+    self.bias = (_param(rngs, nnx.initializers.zeros, self.out_shape,
+                        axes[len(self.in_shape):], param_dtype) if use_bias else None)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.kernel[...]
+    dtype = self.dtype or jnp.result_type(x, kernel)
+    n = len(self.in_shape)
+    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
+                            ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(dtype)
+    return y
+
+
+class LayerNorm(nnx.Module):
+  """Layer norm over the last axis, computed in float32, returned in the compute dtype."""
+
+  def __init__(self, features: int, *, eps: float = 1e-5, axes: Axes = ("embed",),
+               dtype: Dtype = None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    self.eps, self.dtype = eps, dtype
+    self.scale = _param(rngs, nnx.initializers.ones, (features,), axes, param_dtype)
+    self.bias = _param(rngs, nnx.initializers.zeros, (features,), axes, param_dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...] + self.bias[...]
+    return y.astype(self.dtype or x.dtype)
+
+
+class Embed(nnx.Module):
+  """Token (or position) embedding table [num, features]; `attend` is the tied output layer."""
+
+  def __init__(self, num: int, features: int, *, axes: Axes = ("vocab", "embed"),
+               init: Callable = default_init, dtype: Dtype = None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.embedding = _param(rngs, init, (num, features), axes, param_dtype)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    table = self.embedding[...]
+    return jnp.take(table, ids, axis=0).astype(self.dtype or table.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    table = self.embedding[...]
+    dtype = self.dtype or jnp.result_type(x, table)
+    return jnp.einsum("...d,vd->...v", x.astype(dtype), table.astype(dtype))
+
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # BERT, BART: exact erf GELU
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # CLIP
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  if name not in ACTIVATIONS:
+    raise ValueError(f"unsupported activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+  return ACTIVATIONS[name]
+
+
+class MLP(nnx.Module):
+  """Dense -> activation -> Dense (the transformer feed-forward block)."""
+
+  def __init__(self, features: int, hidden: int, act: str, *, dtype: Dtype = None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    self.act = activation(act)
+    self.fc1 = Dense(features, hidden, ("embed", "mlp"), dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+    self.fc2 = Dense(hidden, features, ("mlp", "embed"), dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = constrain(self.act(self.fc1(x)), ("batch", "length", "mlp"))
+    return self.fc2(h)
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                          mask: jax.Array | None = None, dropout_rate: float = 0.0,
+                          dropout_rng: jax.Array | None = None,
+                          deterministic: bool = True) -> jax.Array:
+  """Scaled dot-product attention. q: [B, Q, H, D], k/v: [B, K, H, D] -> [B, Q, H, D].
+
+  `mask` is boolean, broadcastable to [B, H, Q, K], True where attention is allowed. With
+  attention-probability dropout active the softmax is written out (jax.nn's fused version
+  has no dropout); otherwise jax.nn.dot_product_attention picks the best kernel.
+  """
+  if deterministic or dropout_rate == 0.0:
+    return jax.nn.dot_product_attention(q, k, v, mask=mask)
+  scale = q.shape[-1] ** -0.5
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+  probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with separate q/k/v/out projections (HF's layout, kept per head).
+
+  Self-attention: `attn(x, mask=...)`. Cross-attention: `attn(x, kv_input=memory, ...)`.
+  Incremental decoding precomputes keys/values with `project_kv` and passes them as `kv`.
+  """
+
+  def __init__(self, features: int, num_heads: int, *, kv_features: int | None = None,
+               head_dim: int | None = None, use_bias: bool = True, dropout_rate: float = 0.0,
+               dtype: Dtype = None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    head_dim = head_dim or features // num_heads
+    kv_features = kv_features or features
+    self.num_heads, self.head_dim, self.dropout_rate = num_heads, head_dim, dropout_rate
+    proj = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.query = Dense(features, (num_heads, head_dim), ("embed", "heads", "kv"), **proj)
+    self.key = Dense(kv_features, (num_heads, head_dim), ("embed", "heads", "kv"), **proj)
+    self.value = Dense(kv_features, (num_heads, head_dim), ("embed", "heads", "kv"), **proj)
+    self.out = Dense((num_heads, head_dim), features, ("heads", "kv", "embed"), **proj)
+    self.rngs = rngs if dropout_rate > 0 else None
+
+  def project_kv(self, kv_input: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [B, K, H, D] of `kv_input` [B, K, E]."""
+    k = constrain(self.key(kv_input), ("batch", "length", "heads", "kv"))
+    v = constrain(self.value(kv_input), ("batch", "length", "heads", "kv"))
+    return k, v
+
+  def __call__(self, x: jax.Array, kv_input: jax.Array | None = None, *,
+               kv: tuple[jax.Array, jax.Array] | None = None, mask: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    q = constrain(self.query(x), ("batch", "length", "heads", "kv"))
+    k, v = kv if kv is not None else self.project_kv(x if kv_input is None else kv_input)
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0:
+      dropout_rng = self.rngs.dropout()
+    y = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask,
+                              dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
+                              deterministic=deterministic)
+    return self.out(y)
+
+
+def padding_mask(key_mask: jax.Array) -> jax.Array:
+  """Boolean [B, 1, 1, K] mask from a 0/1 token mask: attend to real tokens only.
+
+  Queries at padded positions still attend (to real keys), so no row is all-masked and no
+  NaN appears; their outputs are ignored downstream.
+  """
+  return key_mask.astype(bool)[:, None, None, :]
+
+
+def causal_mask(length: int) -> jax.Array:
+  """Boolean [1, 1, L, L] lower-triangular mask."""
+  return jnp.tril(jnp.ones((length, length), bool))[None, None]

@@ -1,0 +1,94 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mocheg_jax.models import layers
+
+
+def _rngs():
+  return nnx.Rngs(params=0, dropout=1)
+
+
+def test_dense_keeps_heads_explicit():
+  dense = layers.Dense(6, (2, 3), ("embed", "heads", "kv"), rngs=_rngs())
+  x = jax.random.normal(jax.random.key(0), (4, 5, 6))
+  y = dense(x)
+  assert y.shape == (4, 5, 2, 3)
+  flat = x @ dense.kernel[...].reshape(6, 6) + dense.bias[...].reshape(6)
+  np.testing.assert_allclose(y.reshape(4, 5, 6), flat, atol=1e-5)
+  back = layers.Dense((2, 3), 6, ("heads", "kv", "embed"), rngs=_rngs())
+  np.testing.assert_allclose(back(y), y.reshape(4, 5, 6) @ back.kernel[...].reshape(6, 6)
+                             + back.bias[...], atol=1e-5)
+
+
+def test_layer_norm_matches_numpy_and_computes_in_float32():
+  ln = layers.LayerNorm(8, eps=1e-12, dtype=jnp.bfloat16, rngs=_rngs())
+  x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32) * 100 + 5
+  expected = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12)
+  y = ln(jnp.asarray(x))
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y, np.float32), expected, atol=2e-2)
+
+
+def _naive_attention(q, k, v, mask):
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  logits = np.where(mask, logits, -1e30)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def test_attention_masks_padding_and_future():
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.normal(size=(2, 5, 3, 4)).astype(np.float32) for _ in range(3))
+  key_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+  mask = np.asarray(layers.padding_mask(jnp.asarray(key_mask)) & layers.causal_mask(5))
+  out = layers.dot_product_attention(q, k, v, mask=mask)
+  np.testing.assert_allclose(out, _naive_attention(q, k, v, mask), atol=1e-5)
+  # Changing a masked key must not change anything.
+  k2 = k.copy()
+  k2[0, 4] += 100
+  np.testing.assert_allclose(layers.dot_product_attention(q, k2, v, mask=mask), out, atol=1e-6)
+  # The written-out dropout path agrees with the fused one at rate -> 0 in expectation form.
+  slow = layers.dot_product_attention(q, k, v, mask=mask, dropout_rate=1e-9,
+                                      dropout_rng=jax.random.key(0), deterministic=False)
+  np.testing.assert_allclose(slow, out, atol=1e-5)
+
+
+def test_attention_module_cross_and_precomputed_kv():
+  attn = layers.Attention(8, 2, kv_features=6, rngs=_rngs())
+  x = jax.random.normal(jax.random.key(1), (2, 3, 8))
+  memory = jax.random.normal(jax.random.key(2), (2, 7, 6))
+  full = attn(x, memory)
+  assert full.shape == (2, 3, 8)
+  np.testing.assert_allclose(attn(x, kv=attn.project_kv(memory)), full, atol=1e-6)
+
+
+def test_params_carry_logical_axes_and_map_to_a_mesh():
+  mlp = layers.MLP(8, 16, "gelu", rngs=_rngs())
+  state = nnx.state(mlp, nnx.Param)
+  mesh = jax.make_mesh((2, 4), ("data", "tensor"))
+  with nnx.logical_axis_rules([("embed", None), ("mlp", "tensor")]):
+    shardings = nnx.get_named_sharding(state, mesh)
+  assert shardings["fc1"]["kernel"].get_value().spec == jax.sharding.PartitionSpec(None, "tensor")
+  assert shardings["fc2"]["kernel"].get_value().spec == jax.sharding.PartitionSpec("tensor", None)
+
+
+def test_constrain_is_a_no_op_without_mesh_and_shards_with_one():
+  x = jnp.ones((8, 4, 16))
+  assert layers.constrain(x, ("batch", "length", "embed")) is x
+  f = jax.jit(lambda a: layers.constrain(a * 2, ("batch", "length", "embed")))
+  for axis_type in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+    with jax.set_mesh(mesh), nnx.logical_axis_rules([("batch", "data")]):
+      y = f(x)
+    expected = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None, None))
+    assert y.sharding.is_equivalent_to(expected, x.ndim)
+    np.testing.assert_array_equal(y, 2 * x)
+
+
+def test_unknown_activation_is_named():
+  with pytest.raises(ValueError, match="'swishy'"):
+    layers.activation("swishy")
