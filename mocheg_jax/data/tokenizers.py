@@ -108,7 +108,7 @@ def train_wordpiece(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size
   trainer_model.train_from_iterator(texts, trainer)
   vocab = trainer_model.get_vocab()
   if sorted(vocab.values()) != list(range(len(vocab))):
-    raise AssertionError("the trained WordPiece vocabulary has gaps in its ids")
+    raise RuntimeError("the trained WordPiece vocabulary has gaps in its ids")
 
   tokenizer = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]",
                                          continuing_subword_prefix=_CONTINUING_PREFIX,
