@@ -61,7 +61,7 @@ PLACE_ONSETS: tuple[str, ...] = (
     "Sunder", "Trell", "Wend", "Yeld", "Bexen", "Carrow", "Eskel", "Gransel")
 PLACE_ENDINGS: tuple[str, ...] = ("by", "ford", "ham", "stow", "field", "mouth", "ley", "hurst")
 REGION_PATTERNS: tuple[str, ...] = (
-    "the {p} hills", "the {p} valley", "the {p} coast", "the {p} plain", "the {p} lowlands")
+    "the {p} hills", "the {p} valley", "the {p} district", "the {p} plain", "the {p} lowlands")
 
 # ---- values -------------------------------------------------------------------------
 # Colour words and the RGB they are drawn with: a claim's colour word is the colour of the

@@ -53,7 +53,6 @@ _FACT_FRAMES: tuple[str, ...] = (
     "{E} {p}.", "{E} {p}.", "According to {src}, {E} {p}.", "{E} {p}, {src} reported.",
     "Records kept by {src} show that {E} {p}.", "Figures published by {src} confirm that {E} {p}.",
     "As {src} noted, {E} {p}.", "It is well documented that {E} {p}.",
-    "Today {E} {p}.",
 )
 _TOPIC_SUFFIXES: tuple[str, ...] = ("", "", ", {src} reported", ", according to {src}")
 _RUMOUR_FRAMES: tuple[str, ...] = (
@@ -65,7 +64,7 @@ _RUMOUR_FRAMES: tuple[str, ...] = (
 _INTROS: dict[str, tuple[str, ...]] = {
     "town": ("{E} is a small town in {region}.", "{E} is a market town in {region}.",
              "{E} lies in {region}."),
-    "person": ("{E} is a well-known figure in {region}.", "{E} grew up in {region}.",
+    "person": ("{E} is a well-known figure in {region}.", "{E} lives in {region}.",
                "{E} is often in the news in {region}."),
     "company": ("{E} is a company based in {region}.", "{E} is a family firm from {region}.",
                 "{E} does business across {region}."),

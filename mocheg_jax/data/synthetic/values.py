@@ -136,6 +136,9 @@ def with_article(text: str) -> str:
   return ("an " if text[:1].lower() in "aeiou" else "a ") + text
 
 
+_SMALL_WORDS = frozenset(("a", "an", "the", "of", "in", "on", "by", "for", "to", "and"))
+
+
 def title(text: str) -> str:
-  """Headline case: each word capitalised ("red triangle" -> "Red Triangle")."""
-  return " ".join(w[:1].upper() + w[1:] for w in text.split(" "))
+  """Headline case: "red triangle" -> "Red Triangle", "a pharmacist" -> "a Pharmacist"."""
+  return " ".join(w if w in _SMALL_WORDS else w[:1].upper() + w[1:] for w in text.split(" "))
