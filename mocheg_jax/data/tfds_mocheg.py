@@ -25,7 +25,7 @@ from PIL import Image
 from mocheg_jax.data import images as image_names
 from mocheg_jax.data import labels
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
-from mocheg_jax.data.report import SkipReport
+from mocheg_jax.data.report import MochegInputError, SkipReport
 from mocheg_jax.utils.progress import track
 
 NAME = "mocheg"
@@ -205,6 +205,9 @@ class Prepared:
 def build(release_dir: str | os.PathLike, data_dir: str | os.PathLike,
           configs: tuple[str, ...] = tuple(FEATURES)) -> dict[str, Prepared]:
   """Prepares every config of `release_dir` into `data_dir` (reusing finished ones)."""
+  MochegRelease(release_dir)  # A missing folder is our clear error, not TFDS's assertion.
+  if not os.listdir(release_dir):
+    raise MochegInputError(f"{release_dir}: release folder is empty")
   prepared = {}
   for name in configs:
     builder = Mocheg(data_dir=os.fspath(data_dir), config=name, file_format="array_record")

@@ -164,8 +164,12 @@ def _explanation(rng: random.Random, claim: Claim, knowledge: Knowledge, descr: 
   else:
     fact = _fact(rng, name, attribute.key, claim.true_value)
     options = _SUPPORTED_TEXT if claim.label == labels.SUPPORTED else _REFUTED_TEXT
+    # "not 45,000" but "not a pharmacist": as the claim templates write the value.
+    said = claim.value.text
+    if any("{av}" in t for t in attribute.claim):
+      said = with_article(said)
     parts.append(cap(rng.choice(options).format(
-        src=src, Src=cap(src), fact=fact, v=claim.value.text, **ctx)))
+        src=src, Src=cap(src), fact=fact, v=said, **ctx)))
   for template in rng.sample(_CONTEXT, rng.randint(0, 2)):
     parts.append(cap(template.format(**ctx)))
   if claim.label != labels.NEI and rng.random() < 0.5:
@@ -173,7 +177,8 @@ def _explanation(rng: random.Random, claim: Claim, knowledge: Knowledge, descr: 
             if a.key in entity.documented and knowledge.is_free(entity, a.key)]
     if keys:
       key = rng.choice(keys)
-      parts.append(f"Other records note that {name} {_fact(rng, name, key, entity.values[key])}.")
+      fact = _fact(rng, name, key, entity.values[key])
+      parts.append(f"Other records note that {name} {fact}.")
   parts.append(rng.choice(_VERDICTS).format(rating=claim.rating_name))
   return " ".join(parts)
 
