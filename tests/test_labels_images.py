@@ -51,6 +51,7 @@ def test_cleaning_rules(tmp_path):
   report = SkipReport()
   assert images.clean_images(tmp_path, names, report) == ["1-2-01-photo.jpg", "1-2-04-y.jpg"]
   assert report.by_reason() == {"name contains 'banner'": 1,
-                                "smaller than 400x400 (399x900)": 1,
+                                "smaller than 400x400": 1,
                                 "name contains 'rating-false'": 1}
   assert report.summary().startswith("skipped 3 records")
+  assert [r.detail for r in report.records if r.reason.startswith("smaller")] == ["399x900"]

@@ -39,9 +39,11 @@ def test_raw_rating_used_when_cleaned_label_missing(release):
 
 def test_bad_rows_are_skipped_and_reported(release):
   release.claims("train")
-  reasons = [(os.path.basename(r.file), r.row, r.reason) for r in release.report.records]
-  assert ("Corpus2.csv", 7, "expected 9 fields, found 3") in reasons
-  assert any(row == 5 and "unknown rating 'maybe'" in reason for _, row, reason in reasons)
+  reasons = [(os.path.basename(r.file), r.row, r.reason, r.detail)
+             for r in release.report.records]
+  assert ("Corpus2.csv", 7, "wrong number of fields", "expected 9, found 3") in reasons
+  assert any(row == 5 and reason == "unknown label" and "unknown rating 'maybe'" in detail
+             for _, row, reason, detail in reasons)
   assert "skipped 2 records" in release.report.summary()
 
 
@@ -54,7 +56,7 @@ def test_sentences_from_file_and_rebuilt_agree(tmp_path):
   rebuilt = [(s.corpus_id, s.text) for s in rebuilt_release.iter_sentences()]
   assert read == rebuilt
   assert read[:2] == [("1-7-0", "Dr. Venn opened it."), ("1-7-1", "It has three arches.")]
-  assert any("non-integer ids" in r.reason for r in rebuilt_release.report.records)
+  assert any(r.reason == "non-integer ids" for r in rebuilt_release.report.records)
   out = tmp_path / "rebuilt.csv"
   assert write_sentence_kb(MochegRelease(without), out) == len(read)
   assert out.read_text().splitlines()[1] == "1,7,0,1-7-0,Dr. Venn opened it."
@@ -72,10 +74,10 @@ def test_kb_images_cleaned_with_reasons(release):
       "00001-00007-01-site-logo.jpg", "00001-00007-02-.jpg", "00001-00007-03-photo.jpg",
       "00001-00007-04-broken.jpg", "00002-00008-01-bridge.jpg"]
   assert release.kb_images() == ["00001-00007-03-photo.jpg", "00002-00008-01-bridge.jpg"]
-  reasons = {os.path.basename(r.file): r.reason for r in release.report.records}
-  assert reasons["00001-00007-01-site-logo.jpg"] == "name contains 'logo'"
-  assert reasons["00001-00007-02-.jpg"].startswith("smaller than 400x400 (120x90)")
-  assert reasons["00001-00007-04-broken.jpg"].startswith("unreadable image")
+  reasons = {os.path.basename(r.file): (r.reason, r.detail) for r in release.report.records}
+  assert reasons["00001-00007-01-site-logo.jpg"] == ("name contains 'logo'", "")
+  assert reasons["00001-00007-02-.jpg"] == ("smaller than 400x400", "120x90")
+  assert reasons["00001-00007-04-broken.jpg"][0] == "unreadable image"
 
 
 def test_missing_file_and_column_name_them(tmp_path):

@@ -138,3 +138,18 @@ def test_worker_processes_give_the_same_batches(setup):
       max_doc_len=8)
   for a, b in zip(_batches(make(0), 4), _batches(make(1), 4)):
     np.testing.assert_array_equal(a["positive_ids"], b["positive_ids"])
+
+
+def test_each_reader_thread_has_its_own_tokenizer(setup):
+  # HF fast tokenizers keep truncation/padding state per call; grain reads in threads.
+  import threading
+  _, wp, _ = setup
+  seen = []
+  threads = [threading.Thread(target=lambda: seen.append(pipelines._tokenizer(wp)))
+             for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert seen[0] is not seen[1]
+  assert pipelines._tokenizer(wp) is pipelines._tokenizer(wp)

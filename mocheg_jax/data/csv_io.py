@@ -50,7 +50,8 @@ def read_rows(path: str | os.PathLike, columns: Sequence[str], report: SkipRepor
       if len(row) != width:
         if not row:  # A blank line carries no record; nothing is lost.
           continue
-        report.add(path, row_number, f"expected {width} fields, found {len(row)}")
+        report.add(path, row_number, "wrong number of fields",
+                   f"expected {width}, found {len(row)}")
         continue
       yield row_number, [row[i] if i is not None else None for i in indices]
 

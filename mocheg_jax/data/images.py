@@ -77,11 +77,13 @@ def blocked_name_reason(name: str) -> str | None:
   return None
 
 
-def size_reason(width: int, height: int) -> str | None:
+SMALL_IMAGE = f"smaller than {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}"
+UNREADABLE_IMAGE = "unreadable image"
+
+
+def is_too_small(width: int, height: int) -> bool:
   """The paper drops images smaller than 400x400: either side under 400 pixels."""
-  if width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE:
-    return f"smaller than {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} ({width}x{height})"
-  return None
+  return width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE
 
 
 def clean_images(directory: str | os.PathLike, names: Iterable[str],
@@ -93,15 +95,17 @@ def clean_images(directory: str | os.PathLike, names: Iterable[str],
   """
   kept = []
   for name in names:
-    reason = blocked_name_reason(name)
+    path = os.path.join(directory, name)
+    reason, detail = blocked_name_reason(name), ""
     if reason is None:
       try:
-        with Image.open(os.path.join(directory, name)) as img:
-          reason = size_reason(*img.size)
+        with Image.open(path) as img:
+          if is_too_small(*img.size):
+            reason, detail = SMALL_IMAGE, "{}x{}".format(*img.size)
       except (OSError, ValueError, Image.DecompressionBombError) as e:
-        reason = f"unreadable image ({type(e).__name__})"
+        reason, detail = UNREADABLE_IMAGE, f"{type(e).__name__}: {e}"
     if reason is None:
       kept.append(name)
     else:
-      removed.add(os.path.join(directory, name), None, reason)
+      removed.add(path, None, reason, detail)
   return kept

@@ -112,7 +112,7 @@ class MochegRelease:
       try:
         claim_id = csv_io.parse_int(cid)
       except ValueError:
-        self.report.add(path, row_number, f"claim_id {cid!r} is not an integer")
+        self.report.add(path, row_number, "non-integer claim_id", repr(cid))
         continue
       snippet = text_lib.strip_tags(evidence or "")
       if claim_id in merged:  # Later rows add their snippet; other fields come from the first.
@@ -122,7 +122,7 @@ class MochegRelease:
       try:
         label = _label(cleaned, rating)
       except labels.UnknownLabelError as e:
-        self.report.add(path, row_number, f"claim {claim_id}: {e}")
+        self.report.add(path, row_number, "unknown label", f"claim {claim_id}: {e}")
         merged[claim_id] = {"skip": True}
         continue
       merged[claim_id] = dict(
@@ -154,7 +154,7 @@ class MochegRelease:
       try:
         parsed = image_names.parse_image_name(name)
       except ValueError as e:
-        self.report.add(os.path.join(directory, name), None, str(e))
+        self.report.add(os.path.join(directory, name), None, "bad image name", str(e))
         continue
       if not parsed.is_proof:
         self.report.add(os.path.join(directory, name), None, "not a proof image name")
@@ -172,8 +172,8 @@ class MochegRelease:
       try:
         ids = csv_io.parse_int(cid), csv_io.parse_int(did)
       except ValueError:
-        self.report.add(path, row_number, f"non-integer ids claim_id={cid!r} "
-                        f"relevant_document_id={did!r}")
+        self.report.add(path, row_number, "non-integer ids",
+                        f"claim_id={cid!r} relevant_document_id={did!r}")
         continue
       yield KBArticle(ids[0], ids[1], document or "", snopes or "", link or "", archive or "")
 
@@ -189,8 +189,8 @@ class MochegRelease:
       try:
         ids = csv_io.parse_int(cid), csv_io.parse_int(did), csv_io.parse_int(pid)
       except ValueError:
-        self.report.add(path, row_number, "non-integer claim_id/relevant_document_id/"
-                        "paragraph_id")
+        self.report.add(path, row_number, "non-integer ids",
+                        f"claim_id={cid!r} relevant_document_id={did!r} paragraph_id={pid!r}")
         continue
       if not sid:
         self.report.add(path, row_number, "empty corpus_id")
@@ -221,7 +221,7 @@ class MochegRelease:
         if image_names.parse_image_name(name).is_proof:
           continue
       except ValueError as e:
-        self.report.add(os.path.join(directory, name), None, str(e))
+        self.report.add(os.path.join(directory, name), None, "bad image name", str(e))
         continue
       names.append(name)
     return image_names.clean_images(directory, names, self.report) if clean else names
@@ -244,8 +244,8 @@ class MochegRelease:
       try:
         qrels.setdefault(csv_io.parse_int(topic), {})[doc.strip()] = csv_io.parse_int(relevancy)
       except ValueError:
-        self.report.add(path, row_number, f"non-integer TOPIC {topic!r} or RELEVANCY "
-                        f"{relevancy!r}")
+        self.report.add(path, row_number, "non-integer qrel",
+                        f"TOPIC={topic!r} RELEVANCY={relevancy!r}")
     return qrels
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable, Sequence
 
 import grain
@@ -64,11 +65,23 @@ class _Subset:
     return self._source[int(self._indices[i])]
 
 
-@functools.lru_cache(maxsize=8)
+_local = threading.local()
+
+
 def _tokenizer(path: str):
-  # Loaded lazily once per worker process: tokenizers are not shipped between processes.
-  from mocheg_jax.data.tokenizers import load_tokenizer
-  return load_tokenizer(path)
+  """This thread's tokenizer for `path`, loaded lazily.
+
+  One per thread and per process: an HF fast tokenizer changes its truncation and padding
+  state on every call, so sharing one between grain's reader threads corrupts lengths;
+  and tokenizers are not shipped to worker processes.
+  """
+  cache = getattr(_local, "tokenizers", None)
+  if cache is None:
+    cache = _local.tokenizers = {}
+  if path not in cache:
+    from mocheg_jax.data.tokenizers import load_tokenizer
+    cache[path] = load_tokenizer(path)
+  return cache[path]
 
 
 def _text(value) -> str:

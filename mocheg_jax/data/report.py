@@ -24,7 +24,8 @@ class MochegInputError(ValueError):
 class SkippedRecord:
   file: str
   row: int | None  # 1-based data row (header excluded), None when the record is a file.
-  reason: str
+  reason: str  # A fixed phrase, so the summary can count records per reason.
+  detail: str = ""  # What exactly was wrong with this record.
 
 
 class SkipReport:
@@ -33,8 +34,9 @@ class SkipReport:
   def __init__(self) -> None:
     self.records: list[SkippedRecord] = []
 
-  def add(self, file: str | os.PathLike, row: int | None, reason: str) -> None:
-    self.records.append(SkippedRecord(os.fspath(file), row, reason))
+  def add(self, file: str | os.PathLike, row: int | None, reason: str,
+          detail: str = "") -> None:
+    self.records.append(SkippedRecord(os.fspath(file), row, reason, detail))
 
   def extend(self, records: Iterable[SkippedRecord]) -> None:
     self.records.extend(records)
@@ -56,6 +58,6 @@ class SkipReport:
   def write_csv(self, path: str | os.PathLike) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
       writer = csv.writer(f)
-      writer.writerow(["file", "row", "reason"])
+      writer.writerow(["file", "row", "reason", "detail"])
       for r in self.records:
-        writer.writerow([r.file, "" if r.row is None else r.row, r.reason])
+        writer.writerow([r.file, "" if r.row is None else r.row, r.reason, r.detail])

@@ -82,7 +82,7 @@ def _read_image(path: str, report: SkipReport) -> bytes | None:
       img.size  # Parses the header: catches truncated or non-image files early.
     return data
   except (OSError, ValueError, Image.DecompressionBombError) as e:
-    report.add(path, None, f"unreadable image ({type(e).__name__}: {e})")
+    report.add(path, None, image_names.UNREADABLE_IMAGE, f"{type(e).__name__}: {e}")
     return None
 
 
@@ -136,7 +136,7 @@ class Mocheg(tfds.core.GeneratorBasedBuilder):
       for d in relevant[c.claim_id]:
         if d not in texts:
           release.report.add(release.path(split, "text_evidence_qrels_sentence_level.csv"),
-                             None, f"claim {c.claim_id}: qrel names unknown sentence {d}")
+                             None, "qrel names an unknown sentence", f"claim {c.claim_id}: {d}")
       proof = [(n, _read_image(os.path.join(release.path(split, "images"), n), release.report))
                for n in c.proof_images]
       kb_relevant = sorted(d for d, r in image_qrels.get(c.claim_id, {}).items() if r == 1)

@@ -1,10 +1,14 @@
-"""What every absl entry point shares: unusable input ends in one clear line and exit 1."""
+"""What every absl entry point shares: unusable input ends in one clear line and exit 1,
+and library INFO logs (TFDS prints several per dataset) stay quiet unless --verbosity asks.
+"""
 
 from __future__ import annotations
 
 import functools
 import sys
 from typing import Callable
+
+from absl import flags, logging
 
 from mocheg_jax.data.report import MochegInputError
 
@@ -17,6 +21,8 @@ def friendly_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], 
 
   @functools.wraps(main)
   def wrapped(argv: list[str]) -> None:
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)
     try:
       main(argv)
     except USER_ERRORS as e:

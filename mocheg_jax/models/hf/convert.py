@@ -122,7 +122,8 @@ def write_hf_folder(out_dir: str | os.PathLike, state: dict[str, np.ndarray],
   """Writes model.safetensors and config.json that transformers loads."""
   from safetensors.numpy import save_file
   os.makedirs(out_dir, exist_ok=True)
-  save_file({k: np.ascontiguousarray(v) for k, v in state.items()},
+  # ascontiguousarray turns 0-d arrays (CLIP's logit_scale) into 1-d ones; keep the shape.
+  save_file({k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in state.items()},
             os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2, sort_keys=True)
