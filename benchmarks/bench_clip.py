@@ -7,8 +7,9 @@ with the same random weights: transformers initialises a CLIPModel, saves it as 
 and our loader reads that folder. Same pixels (ours channels-last, torch channels-first),
 float32, CPU, one process; torch uses torch.set_num_threads(os.cpu_count()) and XLA its
 default (all cores). Each side is warmed up (compiled) first; the figure is the median of
-`iters` timed batches, the two sides alternating batch by batch. Prints a table with the ratio ours/reference (images/s; > 1 means
-we are faster) and writes JSON. The target is >= 1.0x.
+`iters` timed batches, the two sides alternating batch by batch so that other load on the
+machine hits both alike. Prints a table with the ratio ours/reference (images/s; > 1 means
+we are faster), also in process CPU seconds, and writes JSON. The target is >= 1.0x.
 """
 
 from __future__ import annotations

@@ -40,6 +40,12 @@ def _hf_model(seed: int = 0, **overrides) -> transformers.BartForConditionalGene
   return model
 
 
+# Jitted entry points: eager JAX would compile every primitive on its own (slow on CPU).
+_encode_train = nnx.jit(lambda model, src, mask: model.encode(src, mask, deterministic=False))
+_forward_and_memory = nnx.jit(lambda model, src, src_mask, tgt, tgt_mask: (
+    model(src, src_mask, tgt, tgt_mask), model.encode(src, src_mask)))
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
   folder = tmp_path_factory.mktemp("bart")
@@ -79,25 +85,25 @@ def test_logits_match_hf_with_and_without_padding(tmp_path, overrides):
   ours = hf_bart.load(tmp_path)
   assert ours.config.scale_embedding == bool(overrides)
   src, src_mask, tgt, tgt_mask = _ragged_batch()
-  got = np.asarray(ours(jnp.asarray(src), jnp.asarray(src_mask), jnp.asarray(tgt),
-                        jnp.asarray(tgt_mask)))
+  logits, memory = _forward_and_memory(ours, *(jnp.asarray(a) for a in (src, src_mask, tgt,
+                                                                         tgt_mask)))
   want = _hf_logits(reference, src, src_mask, tgt, tgt_mask)
   real = tgt_mask == 1  # Padded query positions are don't-care in both.
-  np.testing.assert_allclose(got[real], want[real], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(logits)[real], want[real], atol=1e-4)
   assert np.abs(want).max() > 1.0  # The comparison is not between near-zero numbers.
-  # No padding anywhere; decoder inputs from shifting the source (HF's default).
-  full = np.ones_like(src)
-  np.testing.assert_allclose(np.asarray(ours(jnp.asarray(src), jnp.asarray(full))),
-                             _hf_logits(reference, src, full,
-                                        transformers.models.bart.modeling_bart
-                                        .shift_tokens_right(torch.tensor(src), 1, 2).numpy()),
-                             atol=1e-4)
-  # The encoder memory at real positions.
   with torch.no_grad():
     hf_memory = reference.model.encoder(input_ids=torch.tensor(src),
                                         attention_mask=torch.tensor(src_mask))[0].numpy()
-  memory = np.asarray(ours.encode(jnp.asarray(src), jnp.asarray(src_mask)))
-  np.testing.assert_allclose(memory[src_mask == 1], hf_memory[src_mask == 1], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(memory)[src_mask == 1], hf_memory[src_mask == 1],
+                             atol=1e-4)
+  # No padding anywhere (the same compiled program, all-ones masks).
+  ones = np.ones_like(src)
+  src2 = np.where(src == 1, 7, src)
+  tgt2 = np.where(tgt == 1, 9, tgt)
+  logits, _ = _forward_and_memory(ours, *(jnp.asarray(a) for a in (src2, ones, tgt2,
+                                                                    np.ones_like(tgt))))
+  np.testing.assert_allclose(np.asarray(logits), _hf_logits(reference, src2, ones, tgt2),
+                             atol=1e-4)
 
 
 def test_shift_tokens_right_matches_hf():
@@ -112,17 +118,23 @@ def test_incremental_decoding_with_cache_equals_full_forward(checkpoint):
   ours = hf_bart.load(folder)
   src, src_mask, tgt, _ = _ragged_batch(seed=3)
   src, src_mask, tgt = jnp.asarray(src), jnp.asarray(src_mask), jnp.asarray(tgt)
-  memory = ours.encode(src, src_mask)
-  full = np.asarray(ours.decode(tgt, memory, src_mask))
   graphdef, state = nnx.split(ours)
+
+  @jax.jit
+  def prefill(state, tokens):
+    model = nnx.merge(graphdef, state)
+    memory = model.encode(src, src_mask)
+    full = model.decode(tgt, memory, src_mask)
+    cache = model.init_cache(memory, max_length=12)
+    return full, model.decode(tokens, None, src_mask, cache=cache)
 
   @jax.jit
   def step(state, tokens, cache):
     return nnx.merge(graphdef, state).decode(tokens, None, src_mask, cache=cache)
 
   # A prefill of 3 tokens, then one token at a time (the same compiled step each time).
-  cache = ours.init_cache(memory, max_length=12)
-  logits, cache = ours.decode(tgt[:, :3], None, src_mask, cache=cache)
+  full, (logits, cache) = prefill(state, tgt[:, :3])
+  full = np.asarray(full)
   pieces = [np.asarray(logits)]
   for t in range(3, tgt.shape[1]):
     logits, cache = step(state, tgt[:, t:t + 1], cache)
@@ -223,20 +235,20 @@ def test_generation_defaults_from_config_and_generation_config():
 def test_dropout_is_off_when_deterministic_and_random_otherwise(checkpoint):
   folder, _ = checkpoint
   ours = hf_bart.load(folder, rngs=nnx.Rngs(params=0, dropout=1))
-  src, src_mask, tgt, _ = (jnp.asarray(a) for a in _ragged_batch())
-  a = ours(src, src_mask, tgt)
-  np.testing.assert_array_equal(a, ours(src, src_mask, tgt))
-  b = ours(src, src_mask, tgt, deterministic=False)
-  c = ours(src, src_mask, tgt, deterministic=False)
-  assert not np.allclose(b, a, atol=1e-3) and not np.allclose(b, c, atol=1e-3)
+  batch = [jnp.asarray(a) for a in _ragged_batch()]
+  a = _forward_and_memory(ours, *batch)
+  np.testing.assert_array_equal(a[0], _forward_and_memory(ours, *batch)[0])
+  b = _encode_train(ours, batch[0], batch[1])
+  c = _encode_train(ours, batch[0], batch[1])  # The dropout stream advanced.
+  assert not np.allclose(b, a[1], atol=1e-3) and not np.allclose(b, c, atol=1e-3)
 
 
 def test_bfloat16_smoke(checkpoint):
   folder, reference = checkpoint
   ours = hf_bart.load(folder, dtype=jnp.bfloat16)
   src, src_mask, tgt, tgt_mask = _ragged_batch(seed=7)
-  got = np.asarray(ours(jnp.asarray(src), jnp.asarray(src_mask), jnp.asarray(tgt),
-                        jnp.asarray(tgt_mask)))
+  got = np.asarray(_forward_and_memory(ours, *(jnp.asarray(a) for a in (
+      src, src_mask, tgt, tgt_mask)))[0])
   assert got.dtype == np.float32  # Logits come back in float32 for the loss.
   want = _hf_logits(reference, src, src_mask, tgt, tgt_mask)
   real = tgt_mask == 1

@@ -278,6 +278,38 @@ def test_every_parameter_has_logical_axes(ours):
     assert axes is not None and len(axes) == variable.get_value().ndim, path
 
 
+def test_sharded_on_8_devices_matches_unsharded(ours):
+  # Parameters placed by their logical axes (heads over "tensor"), activations constrained
+  # by logical names (batch over "data"): the same numbers as on one device.
+  auto = jax.sharding.AxisType.Auto
+  mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(auto, auto))
+  names = {name for variable in convert.params_by_path(ours).values()
+           for name in variable.get_metadata()["out_sharding"]}
+  rules = [("batch", "data"), ("heads", "tensor")]
+  rules += [(name, None) for name in sorted(names - {"heads"})]  # nnx needs every name.
+  graphdef, state = nnx.split(ours)
+  with nnx.logical_axis_rules(rules):
+    shardings = nnx.get_named_sharding(state, mesh)
+  state = jax.device_put(state, shardings)
+  ids, mask = _texts()
+  ids, mask = np.concatenate([ids, ids[:1]]), np.concatenate([mask, mask[:1]])  # 4 rows
+  pixels = _pixels()
+
+  @jax.jit
+  def run(state, ids, mask, pixels):
+    model = nnx.merge(graphdef, state)
+    return model(ids, mask, pixels), model.text_features(ids, mask).hidden
+
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    (sharded, hidden) = run(state, ids, mask, pixels)
+  query = state["vision_model"]["layers"][0]["attention"]["query"]["kernel"].get_value()
+  assert query.sharding.spec == jax.sharding.PartitionSpec(None, "tensor", None)
+  assert hidden.sharding.spec[0] == "data"
+  single = _everything(ours, ids, mask, pixels)
+  np.testing.assert_allclose(sharded.logits_per_text, single["out"].logits_per_text, atol=1e-5)
+  np.testing.assert_allclose(hidden, single["text"].hidden, atol=1e-5)
+
+
 def test_bfloat16_smoke(checkpoint, ours):
   model = hf_clip.load(checkpoint[0], dtype=jnp.bfloat16)
   ids, mask = _texts()
@@ -300,22 +332,11 @@ def _processor(size: int):
                                crop_size={"height": size, "width": size})
 
 
-def _round_differs_from_truncation(width: int, height: int, size: int) -> bool:
-  short, long = min(width, height), max(width, height)
-  return round(long * (size / short)) != int(size * long / short)
-
-
-# HF resizes the long edge to int(size * long / short) (truncation); vision.py rounds, so
-# for these sizes it resamples onto a grid one pixel longer. Strict: once vision.py
-# truncates, these pass and the marker must go.
-_TRUNCATION_BUG = pytest.mark.xfail(
-    strict=True, reason="vision.decode_image rounds the resized long edge; HF truncates")
+# Sizes where rounding and truncating the resized long edge disagree are included on
+# purpose: HF truncates, and a rounding resize would land one pixel off.
 _IMAGE_SIZES = [
     (300, 200, 224), (457, 123, 224), (80, 50, 224), (333, 1001, 224), (224, 224, 224),
-    (96, 61, 32),
-    pytest.param(640, 480, 224, marks=_TRUNCATION_BUG),
-    pytest.param(225, 301, 224, marks=_TRUNCATION_BUG),
-    pytest.param(1000, 333, 224, marks=_TRUNCATION_BUG),
+    (96, 61, 32), (640, 480, 224), (225, 301, 224), (1000, 333, 224),
 ]
 
 
@@ -335,9 +356,3 @@ def test_decode_image_matches_clip_image_processor(width, height, size):
   # Same PIL bicubic on the same uint8 image: equal up to float rounding, when the resized
   # size agrees.
   np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
-
-
-def test_truncation_cases_are_the_ones_marked():
-  for case in _IMAGE_SIZES:
-    values, marked = (case.values, True) if hasattr(case, "values") else (case, False)
-    assert _round_differs_from_truncation(*values) == marked, values

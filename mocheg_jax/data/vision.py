@@ -1,6 +1,7 @@
 """Image decoding for the pipelines: encoded bytes -> normalised float32 pixels.
 
-CLIP-style preprocessing: resize the shorter side to `size` (bicubic), centre crop to
+CLIP-style preprocessing, pixel-identical to transformers' CLIPImageProcessor (PIL backend):
+resize the shorter side to `size` (bicubic), centre crop to
 `size` x `size`, scale to [0, 1], normalise with the CLIP mean and standard deviation.
 """
 
@@ -21,8 +22,9 @@ def decode_image(data: bytes, size: int, mean: np.ndarray = CLIP_MEAN,
   with Image.open(io.BytesIO(data)) as img:
     img = img.convert("RGB")
     width, height = img.size
-    scale = size / min(width, height)
-    resized = img.resize((max(size, round(width * scale)), max(size, round(height * scale))),
+    short, long = min(width, height), max(width, height)
+    new_long = int(size * long / short)  # Truncated, as CLIPImageProcessor does.
+    resized = img.resize((size, new_long) if width <= height else (new_long, size),
                          Image.Resampling.BICUBIC)
   left = (resized.width - size) // 2
   top = (resized.height - size) // 2

@@ -24,11 +24,14 @@ from mocheg_jax.data import labels
 from mocheg_jax.data.images import blocked_name_reason, kb_image_name, proof_image_name
 from mocheg_jax.data.synthetic import lexicon
 from mocheg_jax.data.synthetic import scales
+from mocheg_jax.data.synthetic import values as values_lib
 from mocheg_jax.data.synthetic.attributes import ATTRIBUTES, TEXT_BY_KIND, VISUAL_BY_KIND
 from mocheg_jax.data.synthetic.knowledge import Claim, Entity, Knowledge
 from mocheg_jax.data.synthetic.render import ImageJob
-from mocheg_jax.data.synthetic.rng import binomial_between, derive_seed, rng_for
+from mocheg_jax.data.synthetic.rng import (
+    binomial_between, derive_seed, rng_for, weighted_choice)
 from mocheg_jax.data.synthetic.sentences import SentenceMaker, check_sentence
+from mocheg_jax.utils.progress import track
 
 # How many of a claim's text evidence sentences may live in one article: with the
 # evidence counts per claim this puts ~30% of articles in some claim's qrels.
@@ -101,10 +104,11 @@ class DocText:
 
 
 # ---- planning ---------------------------------------------------------------------------
-def plan_claims(knowledge: Knowledge, scale: scales.Scale, seed: int) -> list[ClaimPlan]:
+def plan_claims(knowledge: Knowledge, scale: scales.Scale, seed: int,
+                progress: bool = False) -> list[ClaimPlan]:
   """Articles and images of every claim, in claim_id order; article ids are consecutive."""
   plans, next_doc = [], 1
-  for claim in knowledge.claims:
+  for claim in track(knowledge.claims, "claims (plan)", unit="claim", enabled=progress):
     plan = _plan_claim(knowledge, scale, seed, claim, next_doc)
     next_doc += len(plan.docs)
     plans.append(plan)
@@ -118,7 +122,7 @@ def _plan_claim(knowledge: Knowledge, scale: scales.Scale, seed: int, claim: Cla
   family = [e for e in knowledge.families[entity.family] if e is not entity]
   n_ev_docs = 0
   if claim.n_text_evidence:
-    n_ev_docs = min(claim.n_text_evidence, _weighted(rng, _EVIDENCE_DOCS_WEIGHTS))
+    n_ev_docs = min(claim.n_text_evidence, weighted_choice(rng, _EVIDENCE_DOCS_WEIGHTS))
   lo, hi, mean = scale.docs_per_claim
   n_docs = max(binomial_between(rng, lo, hi, mean), n_ev_docs + 1)
   per_doc = [1] * n_ev_docs
@@ -140,22 +144,13 @@ def _plan_claim(knowledge: Knowledge, scale: scales.Scale, seed: int, claim: Cla
       else:
         subject = rng.choice(knowledge.entities)
     n_sentences = max(binomial_between(rng, s_lo, s_hi, s_mean), n_evidence + 3)
-    doc_id = first_doc + i
-    docs.append(DocPlan(doc_id, subject, n_sentences, n_evidence, i == rumour_doc,
-                        _link_url(rng, subject, doc_id), _archive_url(rng)))
+    docs.append(DocPlan(0, subject, n_sentences, n_evidence, i == rumour_doc, "", ""))
   rng.shuffle(docs)  # Evidence articles anywhere in the claim's list ...
   for i, doc in enumerate(docs):
     doc.doc_id = first_doc + i  # ... with ids still consecutive in list order.
+    doc.link_url = _link_url(rng, doc.subject, doc.doc_id)
+    doc.archive_url = _archive_url(rng)
   return ClaimPlan(claim, docs, _plan_images(knowledge, scale, seed, rng, claim, docs, family))
-
-
-def _weighted(rng: random.Random, weighted) -> int:
-  x = rng.random() * sum(w for _, w in weighted)
-  for item, w in weighted:
-    x -= w
-    if x < 0:
-      return item
-  return weighted[-1][0]
 
 
 def _link_url(rng: random.Random, subject: Entity, doc_id: int) -> str:
@@ -170,16 +165,25 @@ def _archive_url(rng: random.Random) -> str:
                                          for _ in range(5))
 
 
+_BASENAME_FIELDS = {
+    "n1": lambda rng, subject: rng.randint(1, 9),
+    "n4": lambda rng, subject: rng.randint(1000, 9999),
+    "n5": lambda rng, subject: rng.randint(10000, 99999),
+    "n7": lambda rng, subject: rng.randint(1_000_000, 9_999_999),
+    "slug": lambda rng, subject: lexicon.slug(subject.name),
+    "word": lambda rng, subject: rng.choice(_BASENAME_WORDS),
+    "date": lambda rng, subject: (f"{rng.randint(2012, 2022)}{rng.randint(1, 12):02d}"
+                                  f"{rng.randint(1, 28):02d}"),
+}
+
+
 def _basename(rng: random.Random, pattern: str, subject: Entity) -> str:
-  return pattern.format(
-      n1=rng.randint(1, 9), n4=rng.randint(1000, 9999), n5=rng.randint(10000, 99999),
-      n7=rng.randint(1_000_000, 9_999_999), slug=lexicon.slug(subject.name),
-      word=rng.choice(_BASENAME_WORDS),
-      date=f"{rng.randint(2012, 2022)}{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}")
+  """Fills only the fields the pattern uses, in a fixed order."""
+  return pattern.format(**{k: f(rng, subject) for k, f in _BASENAME_FIELDS.items()
+                           if "{" + k + "}" in pattern})
 
 
-def _entity_image(rng: random.Random, knowledge: Knowledge, entity: Entity,
-                  key: str) -> tuple[str, tuple]:
+def _entity_image(rng: random.Random, entity: Entity, key: str) -> tuple[str, tuple]:
   """What a picture of one of the entity's facts shows: the fact's true value."""
   attribute = ATTRIBUTES[key]
   value = entity.values[key]
@@ -201,13 +205,12 @@ def _hard_negative(rng: random.Random, knowledge: Knowledge, claim: Claim,
   same = [e for e in family if e.kind == claim.entity.kind and key in e.documented
           and knowledge.is_free(e, key)]
   if same and rng.random() < 0.5:
-    return _entity_image(rng, knowledge, rng.choice(same), key)
+    return _entity_image(rng, rng.choice(same), key)
   owner = claim.entity if rng.random() < 0.5 or not family else rng.choice(family)
-  keys = [a.key for a in VISUAL_BY_KIND[owner.kind] + TEXT_BY_KIND[owner.kind]
-          if a.key in owner.documented and knowledge.is_free(owner, a.key)]
+  keys = _free_keys(knowledge, owner, documented=True, text_only=False)
   if not keys:
     return None
-  return _entity_image(rng, knowledge, owner, rng.choice(keys))
+  return _entity_image(rng, owner, rng.choice(keys))
 
 
 def _plan_images(knowledge: Knowledge, scale: scales.Scale, seed: int, rng: random.Random,
@@ -220,12 +223,12 @@ def _plan_images(knowledge: Knowledge, scale: scales.Scale, seed: int, rng: rand
     if claim.label == labels.NEI:
       own = [a.key for a in VISUAL_BY_KIND[entity.kind]
              if a.key in entity.documented and knowledge.is_free(entity, a.key)]
-      kind, params = (_entity_image(rng, knowledge, entity, rng.choice(own))
+      kind, params = (_entity_image(rng, entity, rng.choice(own))
                       if own and rng.random() < 0.5 else _scene(rng, entity))
       if kind == "scene":
         params = ((), entity.name)
     else:
-      kind, params = _entity_image(rng, knowledge, entity, claim.attribute.key)
+      kind, params = _entity_image(rng, entity, claim.attribute.key)
     contents.append((kind, params, True, False))
   junk_fraction = scales.SHAPE.junk_image_fraction
   for _ in range(n_kb - claim.n_proof_images):
@@ -248,13 +251,16 @@ def _plan_images(knowledge: Knowledge, scale: scales.Scale, seed: int, rng: rand
       kind, params, basename = _junk(rng, doc.subject)
     else:
       basename = _basename(rng, rng.choice(_REAL_BASENAMES), doc.subject)
-      if blocked_name_reason(basename):  # e.g. a slug that happens to contain "icon"
-        basename = f"IMG_{rng.randint(1000, 9999)}.jpg"
     kb_name = kb_image_name(claim.claim_id, doc.doc_id, img_id, basename)
+    proof_name = proof_image_name(claim.claim_id, proof_id, basename) if is_proof else None
+    if not is_junk and (blocked_name_reason(kb_name) or
+                        (proof_name and blocked_name_reason(proof_name))):
+      # A slug that happens to contain a blocked part ("icon", "-line"): a neutral name.
+      basename = f"IMG_{rng.randint(1000, 9999)}.jpg"
+      kb_name = kb_image_name(claim.claim_id, doc.doc_id, img_id, basename)
+      proof_name = proof_image_name(claim.claim_id, proof_id, basename) if is_proof else None
     paths = ["images/" + kb_name]
-    proof_name = None
-    if is_proof:
-      proof_name = proof_image_name(claim.claim_id, proof_id, basename)
+    if proof_name is not None:
       proof_id += 1
       paths += ["images/" + proof_name, f"{claim.split}/images/{proof_name}"]
     job = ImageJob(tuple(paths), kind, params, derive_seed(seed, "image", kb_name))
@@ -325,10 +331,16 @@ def _evidence_sentences(maker: SentenceMaker, claim: Claim) -> list[str]:
 
 def _free_keys(knowledge: Knowledge, entity: Entity, documented: bool,
                text_only: bool) -> list[str]:
-  attrs = TEXT_BY_KIND[entity.kind] if text_only else (
-      TEXT_BY_KIND[entity.kind] + VISUAL_BY_KIND[entity.kind])
-  return [a.key for a in attrs
-          if (a.key in entity.documented) == documented and knowledge.is_free(entity, a.key)]
+  """Attributes of the entity no claim owns (cached: the knowledge is fixed by now)."""
+  key = (entity.eid, documented, text_only)
+  keys = knowledge.cache.get(key)
+  if keys is None:
+    attrs = TEXT_BY_KIND[entity.kind] if text_only else (
+        TEXT_BY_KIND[entity.kind] + VISUAL_BY_KIND[entity.kind])
+    keys = knowledge.cache[key] = [
+        a.key for a in attrs
+        if (a.key in entity.documented) == documented and knowledge.is_free(entity, a.key)]
+  return keys
 
 
 def _body_sentence(rng: random.Random, maker: SentenceMaker, knowledge: Knowledge,
@@ -372,8 +384,7 @@ def _body_sentence(rng: random.Random, maker: SentenceMaker, knowledge: Knowledg
     keys = _free_keys(knowledge, subject, True, False)
     if keys:
       attribute = ATTRIBUTES[rng.choice(keys)]
-      from mocheg_jax.data.synthetic.values import sample  # local: rarely used
-      return maker.rumour(name, attribute, sample(rng, attribute.values))
+      return maker.rumour(name, attribute, values_lib.sample(rng, attribute.values))
   return maker.filler(name, subject.kind, subject.region)
 
 

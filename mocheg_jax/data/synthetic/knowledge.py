@@ -28,9 +28,8 @@ from mocheg_jax.data import labels
 from mocheg_jax.data.synthetic import lexicon
 from mocheg_jax.data.synthetic import scales
 from mocheg_jax.data.synthetic import values as values_lib
-from mocheg_jax.data.synthetic.attributes import (
-    ATTRIBUTES, KINDS, TEXT_BY_KIND, VISUAL_BY_KIND, Attribute)
-from mocheg_jax.data.synthetic.rng import rng_for
+from mocheg_jax.data.synthetic.attributes import KINDS, TEXT_BY_KIND, VISUAL_BY_KIND, Attribute
+from mocheg_jax.data.synthetic.rng import rng_for, weighted_choice
 from mocheg_jax.data.synthetic.values import Value
 
 # Raw site ratings written in `Truthfulness`, per class, with how often each is used. Every
@@ -87,6 +86,8 @@ class Knowledge:
   families: list[list[Entity]]
   claims: list[Claim]                # sorted by claim_id
   reserved: set[tuple[int, str]]     # (eid, attribute key) only evidence may mention
+  # Look-ups derived from the fields above, filled on first use once planning is done.
+  cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def is_free(self, entity: Entity, key: str) -> bool:
     return (entity.eid, key) not in self.reserved
@@ -142,14 +143,7 @@ def _make_family(rng: random.Random, names: _Names, family_id: int,
 
 def _rating(rng: random.Random, label: int) -> tuple[str, str]:
   """A raw rating in one of the site's spellings, and its headline-case name."""
-  total = sum(w for _, w in RATING_CHOICES[label])
-  x = rng.random() * total
-  key = RATING_CHOICES[label][-1][0]
-  for k, w in RATING_CHOICES[label]:
-    x -= w
-    if x < 0:
-      key = k
-      break
+  key = weighted_choice(rng, RATING_CHOICES[label])
   name = values_lib.title(key)
   style = rng.random()
   if style < 0.55:
@@ -281,6 +275,3 @@ def _make_claim(rng: random.Random, split: str, entity: Entity, attribute: Attri
       n_text_evidence=n_text, n_proof_images=n_proof, siblings=siblings, rating=rating,
       rating_name=rating_name, empty_ruling=rng.random() < shape.empty_ruling_fraction)
 
-
-def attribute(key: str) -> Attribute:
-  return ATTRIBUTES[key]

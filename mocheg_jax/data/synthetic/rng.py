@@ -9,6 +9,7 @@ depend on the order work is done in, on the number of worker processes, or on
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 
 
@@ -24,11 +25,17 @@ def rng_for(*parts: object) -> random.Random:
 
 
 def binomial_between(rng: random.Random, low: int, high: int, mean: float) -> int:
-  """An int in [low, high] with the given mean: low + Binomial(high - low, p)."""
+  """An int in [low, high] with about the given mean: low + Binomial(high - low, p).
+
+  Drawn from the binomial's normal approximation (one draw instead of high - low), then
+  rounded and clipped; the clipping is symmetric around the mean for means mid-range.
+  """
   if high <= low:
     return low
-  p = min(1.0, max(0.0, (mean - low) / (high - low)))
-  return low + sum(rng.random() < p for _ in range(high - low))
+  n = high - low
+  p = min(1.0, max(0.0, (mean - low) / n))
+  x = rng.gauss(n * p, math.sqrt(n * p * (1 - p)))
+  return low + min(n, max(0, int(round(x))))
 
 
 def weighted_choice(rng: random.Random, weighted: tuple[tuple[object, float], ...]) -> object:

@@ -30,9 +30,13 @@ CORPUS2_COLUMNS: tuple[str, ...] = (
     "ruling_outline")
 
 _CLAIM_FRAMES = (
-    "{E} {p}.", "{E} {p}.", "{E}, {d}, {p}.", "{E} {p}, according to a viral post.",
+    "{E} {p}.", "{E}, {d}, {p}.", "{E} {p}, according to a viral post.",
     "A viral image claims that {E} {p}.", "{E} {p}, a widely shared post said.",
-    "Social media users shared the claim that {E} {p}.", "Posts online say that {E} {p}.")
+    "Social media users shared the claim that {E} {p}.", "Posts online say that {E} {p}.",
+    "A post shared on {social} claimed that {E}, {d}, {p}.",
+    "{E} {p}, and people in {region} have known it for years.",
+    "In a viral {social} post, users claimed that {E} {p}, citing an old newspaper clipping.",
+    "{E}, {d}, {p}, according to a message forwarded thousands of times.")
 _DESCRIPTIONS = {
     "town": "a town in {region}", "person": "a public figure from {region}",
     "company": "a firm from {region}", "river": "a river in {region}"}
@@ -125,8 +129,9 @@ def claim_fields(claim: Claim, knowledge: Knowledge, evidence: list[str],
   entity, attribute = claim.entity, claim.attribute
   name = entity.name
   descr = _DESCRIPTIONS[entity.kind].format(region=entity.region)
-  claim_text = cap(rng.choice(_CLAIM_FRAMES).format(E=name, p=_predicate(rng, claim),
-                                                    d=descr))
+  claim_text = cap(rng.choice(_CLAIM_FRAMES).format(
+      E=name, p=_predicate(rng, claim), d=descr, region=entity.region,
+      social=rng.choice(lexicon.SOCIAL)))
   value = claim.value
   headline = cap(rng.choice(attribute.headline).format(
       E=name, V=title(value.text), AV=title(with_article(value.text))))
@@ -170,7 +175,7 @@ def _explanation(rng: random.Random, claim: Claim, knowledge: Knowledge, descr: 
       said = with_article(said)
     parts.append(cap(rng.choice(options).format(
         src=src, Src=cap(src), fact=fact, v=said, **ctx)))
-  for template in rng.sample(_CONTEXT, rng.randint(0, 2)):
+  for template in rng.sample(_CONTEXT, rng.randint(1, 3)):
     parts.append(cap(template.format(**ctx)))
   if claim.label != labels.NEI and rng.random() < 0.5:
     keys = [a.key for a in TEXT_BY_KIND[entity.kind]

@@ -38,9 +38,9 @@ class Shape:
   empty_ruling_fraction: float = 0.05
   # Fraction of claims without any text evidence (a single row with empty `Evidence`).
   no_text_evidence_fraction: float = 0.07
-  # Probability that a refuted/supported claim about a text fact also has a proof image
-  # (a sign or placard stating the value); NEI claims get a picture of the entity.
-  text_fact_proof_probability: float = 0.45
+  # Probability that an NEI claim has a proof image (a picture of the entity). Refuted and
+  # supported claims about text facts get one (a sign stating the value) with the
+  # probability that makes the split's proof images per claim match the release.
   nei_proof_probability: float = 0.35
   # Probability that a claim about an image-only fact has a second proof image.
   second_visual_proof_probability: float = 0.5

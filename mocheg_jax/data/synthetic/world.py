@@ -106,7 +106,7 @@ def write_world(out_dir: str | os.PathLike, scale: str = "tiny", seed: int = 0,
   root = os.fspath(out_dir)
   _prepare(root, overwrite)
   knowledge = knowledge_lib.build_knowledge(preset, seed)
-  plans = articles.plan_claims(knowledge, preset, seed)
+  plans = articles.plan_claims(knowledge, preset, seed, progress=progress)
   jobs = [image.job for plan in plans for image in plan.images]
   if workers is None:
     workers = (os.cpu_count() or 1) if len(jobs) >= _MIN_IMAGES_FOR_WORKERS else 0

@@ -1,0 +1,271 @@
+"""Compiled greedy / beam / sampling generation against transformers' `generate`."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from mocheg_jax.data import tokenizers
+from mocheg_jax.models import decoding
+from mocheg_jax.models.hf import bart as hf_bart
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+VOCAB, PAD, EOS, BOS = 300, 1, 2, 0  # >= 261: the byte-level BPE's minimum.
+MAX_LENGTH = 20
+SHAPE = (4, 10)  # Every source batch has this shape, so each strategy compiles once.
+
+
+def _hf_model(seed: int = 0) -> transformers.BartForConditionalGeneration:
+  """A tiny random model that generates varied, source-dependent text of varied length.
+
+  Random tied embeddings make a model copy its input token forever; large random position
+  tables (and a larger init) break that, and a bias on EOS makes it end now and then.
+  """
+  torch.manual_seed(seed)
+  config = transformers.BartConfig(
+      vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+      decoder_ffn_dim=64, max_position_embeddings=64, init_std=0.4)
+  model = transformers.BartForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "embed_positions" in name:
+        p.normal_(0.0, 1.0)
+    model.final_logits_bias[0, EOS] = 3.0
+  return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("bart_gen")
+  reference = _hf_model()
+  reference.save_pretrained(folder, safe_serialization=True)
+  return reference, hf_bart.load(folder), folder
+
+
+def _sources(seed: int):
+  """A batch with ragged right padding (one row unpadded)."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(3, VOCAB, SHAPE)
+  lengths = rng.integers(2, SHAPE[1] + 1, SHAPE[0])
+  lengths[0] = SHAPE[1]
+  mask = (np.arange(SHAPE[1])[None] < lengths[:, None]).astype(np.int64)
+  return np.where(mask == 1, ids, PAD), mask
+
+
+def _hf_generate(reference, ids, mask, **settings) -> tuple[np.ndarray, np.ndarray | None]:
+  with torch.no_grad():
+    out = reference.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                             max_length=MAX_LENGTH, do_sample=False,
+                             return_dict_in_generate=True, output_scores=True, **settings)
+  padded = np.full((ids.shape[0], MAX_LENGTH), PAD)
+  padded[:, :out.sequences.shape[1]] = out.sequences.numpy()
+  scores = getattr(out, "sequences_scores", None)
+  return padded, None if scores is None else scores.numpy()
+
+
+GREEDY_SETTINGS = [
+    {},  # The checkpoint's own settings: forced EOS at max_length - 1.
+    dict(min_length=6, forced_bos_token_id=BOS),
+    dict(forced_eos_token_id=None, min_length=3),
+]
+BEAM_SETTINGS = [
+    dict(length_penalty=1.0, early_stopping=False),
+    dict(length_penalty=2.0, early_stopping=True),
+    dict(length_penalty=1.0, early_stopping=True, min_length=8, forced_bos_token_id=BOS),
+    dict(length_penalty=2.0, early_stopping=False, min_length=5, forced_eos_token_id=None),
+    dict(length_penalty=0.5, early_stopping="never", forced_bos_token_id=BOS),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_is_token_identical_to_hf(models, seed):
+  reference, ours, _ = models
+  ids, mask = _sources(seed)
+  for settings in GREEDY_SETTINGS:
+    want, _ = _hf_generate(reference, ids, mask, **settings)
+    out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
+    np.testing.assert_array_equal(out.sequences, want, err_msg=str(settings))
+    is_eos = want[:, 1:] == EOS
+    expected_lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 2, MAX_LENGTH)
+    np.testing.assert_array_equal(out.lengths, expected_lengths)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_search_is_token_identical_to_hf(models, seed):
+  reference, ours, _ = models
+  ids, mask = _sources(seed)
+  lengths = set()
+  for settings in BEAM_SETTINGS:
+    settings = dict(num_beams=4, no_repeat_ngram_size=3, **settings)
+    want, want_scores = _hf_generate(reference, ids, mask, **settings)
+    out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
+    np.testing.assert_array_equal(out.sequences, want, err_msg=str(settings))
+    np.testing.assert_allclose(out.scores, want_scores, atol=1e-4, err_msg=str(settings))
+    lengths.update(np.asarray(out.lengths).tolist())
+  # The settings exercise hypotheses that end early, not only forced endings.
+  assert min(lengths) < MAX_LENGTH - 2, lengths
+
+
+def test_settings_change_run_time_values_not_the_program(models):
+  _, ours, _ = models
+  ids, mask = _sources(0)
+  beam = dict(max_length=MAX_LENGTH, num_beams=4, no_repeat_ngram_size=3)
+  decoding.generate(ours, ids, mask, **beam)
+  before = decoding._generate_jit._cache_size()
+  outputs = [decoding.generate(ours, ids, mask, **beam, **s).sequences for s in BEAM_SETTINGS]
+  assert decoding._generate_jit._cache_size() == before  # One compiled program for all.
+  assert len({np.asarray(o).tobytes() for o in outputs}) > 1  # ...that does differ.
+  # The loop is inside the program: a jaxpr with a while loop, no per-token Python.
+  static, knobs = decoding.split_config(decoding.GenerationConfig.from_model(ours.config,
+                                                                             **beam))
+  graphdef, state = nnx.split(ours)
+  jaxpr = jax.make_jaxpr(decoding._generate_jit.__wrapped__, static_argnums=(0, 6))(
+      graphdef, state, jnp.asarray(ids), jnp.asarray(mask), None, knobs, static)
+  assert "while" in str(jaxpr)
+  # A static setting does make a new program (so the count above can fail).
+  decoding.generate(ours, ids, mask, **{**beam, "no_repeat_ngram_size": 2})
+  assert decoding._generate_jit._cache_size() == before + 1
+
+
+# Sampling runs through generate_core inside the caller's own jit, as a training step would.
+SAMPLE = dict(max_length=MAX_LENGTH, do_sample=True, top_k=5, top_p=0.95)
+
+
+@nnx.jit(static_argnames=("config",))
+def _sample(model, ids, mask, key, knobs, config):
+  return decoding.generate_core(model, ids, mask, config, key, knobs=knobs)
+
+
+def _sample_with(ours, ids, mask, key, **settings):
+  config = decoding.GenerationConfig.from_model(ours.config, **{**SAMPLE, **settings})
+  static, knobs = decoding.split_config(config)
+  return _sample(ours, jnp.asarray(ids), jnp.asarray(mask), key, knobs, static)
+
+
+def test_sampling_is_reproducible_and_stays_in_the_top_k(models):
+  reference, ours, _ = models
+  ids, mask = _sources(3)
+  a = _sample_with(ours, ids, mask, jax.random.key(0))
+  b = _sample_with(ours, ids, mask, jax.random.key(0))
+  c = _sample_with(ours, ids, mask, jax.random.key(1))
+  np.testing.assert_array_equal(a.sequences, b.sequences)
+  assert not np.array_equal(a.sequences, c.sequences)
+  # Every sampled token (before the forced final EOS) is among the 5 best of HF's
+  # teacher-forced logits at its position.
+  seqs = np.asarray(c.sequences)
+  with torch.no_grad():
+    logits = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                       decoder_input_ids=torch.tensor(seqs)).logits.numpy()
+  top5 = np.argsort(-logits, axis=-1)[..., :5]
+  for row, length in enumerate(np.asarray(c.lengths)):
+    for t in range(1, min(length, MAX_LENGTH - 1)):
+      assert seqs[row, t] in top5[row, t - 1], (row, t)
+  assert (seqs[:, 1:] != seqs[:, 1:2]).any()  # Not a constant row.
+
+
+def test_sampling_with_a_tiny_nucleus_is_greedy(models):
+  _, ours, _ = models
+  ids, mask = _sources(4)
+  settings = dict(min_length=4, forced_bos_token_id=BOS)
+  sampled = _sample_with(ours, ids, mask, jax.random.key(7), top_p=1e-6, **settings)
+  greedy = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
+  np.testing.assert_array_equal(sampled.sequences, greedy.sequences)
+
+
+def test_filters_match_hf_warpers_and_processors():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(6, 50)).astype(np.float32) * 3
+  torch_logits = torch.tensor(logits)
+  ids = torch.zeros((6, 1), dtype=torch.long)
+  from transformers.generation import logits_process as lp
+  for k in (1, 5, 49):
+    want = lp.TopKLogitsWarper(k)(ids, torch_logits.clone()).numpy()
+    np.testing.assert_array_equal(decoding.top_k_filter(jnp.asarray(logits), k), want)
+  for p, keep in ((0.1, 1), (0.5, 1), (0.9, 1), (0.9, 3), (1e-6, 2)):
+    want = lp.TopPLogitsWarper(p, min_tokens_to_keep=keep)(ids, torch_logits.clone()).numpy()
+    got = np.asarray(decoding.top_p_filter(jnp.asarray(logits), p, keep))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want), err_msg=f"p={p}")
+    np.testing.assert_array_equal(got[~np.isinf(got)], want[~np.isinf(want)])
+  # n-gram bans on sequences with many repeats, at several lengths (the rest of the
+  # buffer is junk that must be ignored).
+  seqs = rng.integers(0, 4, (6, 16))
+  for n in (1, 2, 3):
+    for cur_len in (1, 2, 5, 16):
+      want = lp.NoRepeatNGramLogitsProcessor(n)(torch.tensor(seqs[:, :cur_len]),
+                                                 torch_logits.clone()).numpy()
+      got = decoding.ban_repeated_ngrams(jnp.asarray(logits), jnp.asarray(seqs),
+                                         jnp.asarray(cur_len), n)
+      np.testing.assert_array_equal(got, want, err_msg=f"n={n} cur_len={cur_len}")
+
+
+def test_bad_settings_are_named(models):
+  _, ours, _ = models
+  ids, mask = _sources(0)
+  with pytest.raises(ValueError, match="PRNG key"):
+    decoding.generate(ours, ids, mask, do_sample=True)
+  with pytest.raises(ValueError, match="early_stopping"):
+    decoding.generate(ours, ids, mask, num_beams=2, early_stopping="sometimes")
+  with pytest.raises(ValueError, match="unknown generation setting"):
+    decoding.GenerationConfig.from_model(ours.config, beams=4)
+  with pytest.raises(ValueError, match="beam sampling"):
+    decoding.generate(ours, ids, mask, num_beams=2, do_sample=True, rng=jax.random.key(0))
+
+
+def _run_script(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # One device is enough (and faster) for the script.
+  python = REPO / ".venv" / "bin" / "python"
+  return subprocess.run([str(python) if python.exists() else sys.executable,
+                         "scripts/generate.py", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_generate_script_end_to_end(models, tmp_path):
+  reference, _, folder = models
+  texts = ["the claim is false because the photo is old",
+           "a video shows the mayor at the rally",
+           "officials said the report was accurate"] * 20
+  tokenizer = tokenizers.train_byte_bpe(texts, tmp_path / "tok", vocab_size=VOCAB)
+  assert len(tokenizer) <= VOCAB
+  model_dir = tmp_path / "model"
+  model_dir.mkdir()
+  for source in (folder, tmp_path / "tok"):
+    for name in os.listdir(source):
+      (model_dir / name).write_bytes((source / name).read_bytes())
+  lines = ["the photo is old", "", "a video shows the mayor at the rally and more words",
+           "officials said"]
+  inputs = tmp_path / "in.txt"
+  inputs.write_text("\n".join(lines) + "\n")
+  out = tmp_path / "out.txt"
+  proc = _run_script(f"--model={model_dir}", f"--input={inputs}", f"--output={out}",
+                     "--num_beams=2", "--max_length=12", "--no_repeat_ngram_size=3",
+                     "--batch_size=2", "--max_source_length=8")
+  assert proc.returncode == 0, proc.stderr
+  got = out.read_text().split("\n")
+  assert len(got) == len(lines) + 1 and got[-1] == ""  # One line per input, in order.
+  assert got[1] == ""  # An empty input gives an empty output.
+  # Each line is what HF's generate gives for that (truncated) source, decoded.
+  for line, text in zip(lines, got):
+    if not line:
+      continue
+    enc = tokenizer([line], truncation=True, max_length=8, return_tensors="pt")
+    with torch.no_grad():
+      ids = reference.generate(**enc, num_beams=2, max_length=12, no_repeat_ngram_size=3)
+    want = tokenizer.decode(ids[0], skip_special_tokens=True).replace("\n", " ").strip()
+    assert text == want
+  missing = _run_script(f"--model={tmp_path / 'nope'}", f"--input={inputs}",
+                        f"--output={out}")
+  assert missing.returncode == 1
+  assert missing.stderr.strip().splitlines()[-1].startswith("error: ")
+  assert "Traceback" not in missing.stderr
