@@ -1,4 +1,4 @@
-"""Our MiniLM (real all-MiniLM-L6-v2 weights) against sentence-transformers, sentence by sentence."""
+"""Our MiniLM (the real all-MiniLM-L6-v2 weights) against sentence-transformers, text by text."""
 
 from __future__ import annotations
 
@@ -133,11 +133,14 @@ def test_export_is_a_sentence_transformers_folder(models, tmp_path):
 
 
 def test_unsupported_modules_and_pooling_are_named(tmp_path):
+  # A plain HF folder (no modules.json): mean pooling, no normalisation.
+  assert st.read_structure(tmp_path) == {"transformer": tmp_path, "pooling": "mean",
+                                         "normalize": False}
   (tmp_path / "1_Pooling").mkdir()
-  modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-             {"idx": 1, "name": "1", "path": "1_Pooling",
-              "type": "sentence_transformers.models.Pooling"},
-             {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]
+  kind = "sentence_transformers.models."
+  modules = [{"idx": 0, "name": "0", "path": "", "type": kind + "Transformer"},
+             {"idx": 1, "name": "1", "path": "1_Pooling", "type": kind + "Pooling"},
+             {"idx": 2, "name": "2", "path": "2_Dense", "type": kind + "Dense"}]
   (tmp_path / "modules.json").write_text(json.dumps(modules))
   with pytest.raises(MochegInputError, match=r"modules.json: module 2 of type .*Dense"):
     st.read_structure(tmp_path)

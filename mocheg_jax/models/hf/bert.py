@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -335,6 +335,3 @@ def save(model: BertLike, folder: str | os.PathLike, tokenizer=None) -> None:
   if tokenizer is not None:
     tokenizer.save_pretrained(folder)
 
-
-__all__: Sequence[str] = ("HEADS", "encoder_rules", "head_rules", "rules", "load", "save",
-                          "hf_config", "export_state")
