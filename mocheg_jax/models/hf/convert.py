@@ -80,15 +80,31 @@ def params_by_path(model: nnx.Module) -> dict[str, nnx.Variable]:
 
 
 # ---- checkpoint files ---------------------------------------------------------------------
+ORBAX_DIR = "orbax_params"  # An orbax checkpoint of the HF-named tensors (scripts/convert.py).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def read_state_dict_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """Tensors of one safetensors file."""
+  from safetensors.numpy import load_file
+  return load_file(os.fspath(path))
+
+
 def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-  """Tensors of an HF folder: model.safetensors (also sharded) or pytorch_model.bin."""
+  """Tensors of a model folder: an orbax checkpoint written by scripts/convert.py, or HF's
+  model.safetensors (also sharded) or pytorch_model.bin."""
   folder = os.fspath(folder)
+  if os.path.isdir(os.path.join(folder, ORBAX_DIR)):
+    import orbax.checkpoint as ocp
+    restored = ocp.StandardCheckpointer().restore(os.path.abspath(
+        os.path.join(folder, ORBAX_DIR)))
+    return {k: np.asarray(v) for k, v in restored.items()}
   single = os.path.join(folder, "model.safetensors")
   index = os.path.join(folder, "model.safetensors.index.json")
   torch_bin = os.path.join(folder, "pytorch_model.bin")
   from safetensors.numpy import load_file
   if os.path.isfile(single):
-    return load_file(single)
+    return read_state_dict_file(single)
   if os.path.isfile(index):
     with open(index) as f:
       shards = sorted(set(json.load(f)["weight_map"].values()))
@@ -105,8 +121,8 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
     state = torch.load(torch_bin, map_location="cpu", weights_only=True)
     return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
             for k, v in state.items()}
-  raise MochegInputError(f"{folder}: no weights found (expected model.safetensors, "
-                         "model.safetensors.index.json or pytorch_model.bin)")
+  raise MochegInputError(f"{folder}: no weights found (expected {ORBAX_DIR}/, "
+                         "model.safetensors, model.safetensors.index.json or pytorch_model.bin)")
 
 
 def read_config(folder: str | os.PathLike) -> dict:
@@ -127,6 +143,15 @@ def write_hf_folder(out_dir: str | os.PathLike, state: dict[str, np.ndarray],
             os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2, sort_keys=True)
+
+
+def write_orbax_weights(folder: str | os.PathLike, state: dict[str, np.ndarray]) -> None:
+  """Saves HF-named tensors as an orbax checkpoint in `folder`/ORBAX_DIR."""
+  import orbax.checkpoint as ocp
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(os.path.abspath(os.path.join(os.fspath(folder), ORBAX_DIR)), state,
+                    force=True)
+  checkpointer.wait_until_finished()
 
 
 # ---- import / export --------------------------------------------------------------------
