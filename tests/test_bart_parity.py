@@ -40,6 +40,15 @@ def _hf_model(seed: int = 0, **overrides) -> transformers.BartForConditionalGene
   return model
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+  """Tiny torch ops are far slower multi-threaded on a busy 2-core machine."""
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
 # Jitted entry points: eager JAX would compile every primitive on its own (slow on CPU).
 _encode_train = nnx.jit(lambda model, src, mask: model.encode(src, mask, deterministic=False))
 _forward_and_memory = nnx.jit(lambda model, src, src_mask, tgt, tgt_mask: (
@@ -210,6 +219,17 @@ def test_errors_name_the_file_and_parameter(checkpoint, tmp_path):
             untied / "model.safetensors")
   with pytest.raises(MochegInputError, match="lm_head.weight differs"):
     hf_bart.load(untied)
+
+  # dont_load keeps a freshly initialised part; everything else is loaded.
+  fresh = tmp_path / "fresh"
+  _copy_folder(folder, fresh)
+  save_file({k: v for k, v in state.items() if ".decoder.layers.1.fc2." not in k},
+            fresh / "model.safetensors")
+  model = hf_bart.load(fresh, dont_load=r"^decoder\.layers\.1\.mlp\.fc2\.")
+  kernel = np.asarray(model.decoder.layers[1].mlp.fc2.kernel[...])
+  assert kernel.shape == (48, 32) and 0.005 < kernel.std() < 0.05  # BART's init (0.02).
+  np.testing.assert_array_equal(model.decoder.layers[1].mlp.fc1.kernel[...],
+                                state["model.decoder.layers.1.fc1.weight"].T)
 
   with pytest.raises(MochegInputError, match="normalize_before"):
     bart.BartConfig.from_hf({**config, "normalize_before": True})
