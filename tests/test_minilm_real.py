@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.tokenizers import minilm_dir
@@ -115,6 +116,15 @@ def test_encode_edge_cases_and_compiled_shapes(models):
     ours.encode(["fine", None])
   with pytest.raises(ValueError, match="truncation_side"):
     ours.encode(["x"], truncation_side="middle")
+  # 40 texts of 1-12 words in batches of 8: one program per (batch, length) bucket used,
+  # i.e. lengths 8, 12 or 16 (plus at most one partial batch shape), not one per batch.
+  forward = st._forward(nnx.graphdef(ours.encoder))
+  before = forward._cache_size()
+  rng = random.Random(3)
+  texts = [" ".join(["word"] * rng.randint(1, 12)) for _ in range(40)]
+  ours.encode(texts, batch_size=8)
+  ours.encode(texts[::-1], batch_size=8)
+  assert forward._cache_size() - before <= 3
   assert st.length_buckets(256) == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
   assert st.length_buckets(100) == [8, 12, 16, 24, 32, 48, 64, 96, 100]
 

@@ -252,7 +252,8 @@ class CrossEncoder(nnx.Module):
   """One relevance logit per (query, passage) pair: pooled -> dropout -> linear -> [B].
 
   The same parameters as HF's BertForSequenceClassification with num_labels=1 (HF returns
-  [B, 1]; we drop the last axis).
+  [B, 1]; we drop the last axis). Scores are raw logits: sentence-transformers' CrossEncoder
+  applies a sigmoid on top for the ms-marco models; ranking needs neither.
   """
 
   def __init__(self, config: BertConfig, *, dtype: Dtype = None, param_dtype=jnp.float32,

@@ -141,8 +141,8 @@ def _infer_head(folder: str, config: dict) -> str:
 
 def _weights_file(folder: str) -> str:
   """The weights file that read_state_dict reads, to name in errors."""
-  for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-    if os.path.isfile(os.path.join(folder, name)):
+  for name in (convert.ORBAX_DIR, *convert.WEIGHT_FILES):
+    if os.path.exists(os.path.join(folder, name)):
       return os.path.join(folder, name)
   return folder
 
