@@ -17,6 +17,7 @@ import platform
 import resource
 import shutil
 import time
+import traceback
 
 from absl import app, flags
 
@@ -47,7 +48,10 @@ def _read_kb(workdir: str, scale: str) -> dict:
 
 
 def _read_kb_pandas(workdir: str, scale: str) -> dict:
-  import pandas as pd  # The reference system's reader.
+  try:
+    import pandas as pd  # The reference system's reader (the `bench` extra).
+  except ImportError as e:
+    return {"error": f"skipped: {e}"}
   from mocheg_jax.data.mocheg import SENTENCE_KB
   frame = pd.read_csv(os.path.join(workdir, "release", SENTENCE_KB))
   return {"rows": len(frame), "chars": int(frame["paragraph"].astype(str).str.len().sum())}
@@ -97,12 +101,12 @@ def _child(fn, workdir, scale, queue) -> None:
   start = time.perf_counter()
   try:
     result = fn(workdir, scale)
-    error = None
-  except ImportError as e:  # pandas is an optional (bench) dependency.
-    result, error = {}, f"skipped: {e}"
+  except BaseException:  # Reported by the parent, which would otherwise wait forever.
+    queue.put({"failed": traceback.format_exc()})
+    raise
   seconds = time.perf_counter() - start
   peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
-  queue.put({"seconds": seconds, "peak_gb": peak_gb, "error": error, **result})
+  queue.put({"seconds": seconds, "peak_gb": peak_gb, "error": None, **result})
 
 
 def _run_step(fn, workdir: str, scale: str) -> dict:
@@ -112,6 +116,8 @@ def _run_step(fn, workdir: str, scale: str) -> dict:
   proc.start()
   result = queue.get()
   proc.join()
+  if "failed" in result:
+    raise RuntimeError(f"benchmark step {fn.__name__} failed:\n{result['failed']}")
   if proc.exitcode:
     raise RuntimeError(f"benchmark step {fn.__name__} failed with exit code {proc.exitcode}")
   return result

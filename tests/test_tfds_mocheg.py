@@ -64,3 +64,16 @@ def test_rebuild_reuses_prepared_data(prepared):
   again = tfds_mocheg.build(root, data_dir, ("claims",))
   assert again["claims"].skipped == ""
   assert again["claims"].builder.info.splits["train"].num_examples == 3
+
+
+def test_large_splits_spill_to_local_files_without_tensorflow(tmp_path, monkeypatch, prepared):
+  # TFDS spills splits over 1 GB to bucket files through tf.io.gfile; force that path.
+  from tensorflow_datasets.core import shuffle
+  monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 64)
+  built, root, _ = prepared
+  spilled = tfds_mocheg.build(root, str(tmp_path), ("kb_sentences",))
+  assert "tensorflow" not in sys.modules
+  ours = spilled["kb_sentences"].builder.as_data_source()["kb"]
+  reference = built["kb_sentences"].builder.as_data_source()["kb"]
+  assert [_text(ours[i]["corpus_id"]) for i in range(len(ours))] == [
+      _text(reference[i]["corpus_id"]) for i in range(len(reference))]

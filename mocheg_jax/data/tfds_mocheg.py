@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import resource
 import zlib
 
 import numpy as np
@@ -66,6 +67,43 @@ FEATURES = {
         "image": _bytes(),
     },
 }
+
+
+class _LocalGfile:
+  """The slice of tf.io.gfile that TFDS's shuffle buckets use, on local files."""
+  GFile = staticmethod(open)
+  exists = staticmethod(os.path.exists)
+  remove = staticmethod(os.remove)
+
+
+class _TensorFlowShim:
+  """Stands in for TensorFlow in tensorflow_datasets.core.shuffle.
+
+  A split larger than 1 GB (the paper-scale KB sentences and images) is spilled to
+  temporary bucket files through tf.io.gfile; with this shim those are plain local files,
+  so no TensorFlow is needed at any size.
+  """
+
+  class io:  # noqa: N801 (mirrors tf.io)
+    gfile = _LocalGfile
+
+  class errors:  # noqa: N801 (mirrors tf.errors)
+    class ResourceExhaustedError(OSError):
+      message = ""
+
+
+def _use_local_spill_files() -> None:
+  try:
+    import tensorflow  # noqa: F401  (with TensorFlow present TFDS needs no help)
+    return
+  except ImportError:
+    pass
+  from tensorflow_datasets.core import shuffle
+  shuffle.tf = _TensorFlowShim
+  # The shuffler keeps one open file per bucket (1,000): lift the soft limit to the hard one.
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if hard == resource.RLIM_INFINITY or soft < hard:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _stable_rank(key: str) -> int:
@@ -206,6 +244,7 @@ def build(release_dir: str | os.PathLike, data_dir: str | os.PathLike,
           configs: tuple[str, ...] = tuple(FEATURES)) -> dict[str, Prepared]:
   """Prepares every config of `release_dir` into `data_dir` (reusing finished ones)."""
   MochegRelease(release_dir)  # A missing folder is our clear error, not TFDS's assertion.
+  _use_local_spill_files()
   if not os.listdir(release_dir):
     raise MochegInputError(f"{release_dir}: release folder is empty")
   prepared = {}

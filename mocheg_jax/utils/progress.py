@@ -26,7 +26,7 @@ class Progress:
                interval: float = 2.0, stream: TextIO | None = None, enabled: bool = True):
     self.desc, self.total, self.unit = desc, total, unit
     self.interval, self.enabled = interval, enabled
-    self.stream = stream if stream is not None else sys.stderr
+    self._stream = stream  # None: whatever sys.stderr is when a line is printed.
     self.done = 0
     self._start = self._last = time.monotonic()
 
@@ -57,7 +57,7 @@ class Progress:
 
   def _print(self, now: float) -> None:
     if self.enabled:
-      print(self.line(now), file=self.stream, flush=True)
+      print(self.line(now), file=self._stream or sys.stderr, flush=True)
 
   def close(self) -> None:
     self._print(time.monotonic())
