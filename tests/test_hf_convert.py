@@ -1,3 +1,4 @@
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -97,3 +98,70 @@ def test_checkpoint_folder_errors(tmp_path):
   convert.write_hf_folder(tmp_path, _hf_state(), {"model_type": "toy"})
   assert convert.read_state_dict(tmp_path).keys() == _hf_state().keys()
   assert convert.read_config(tmp_path) == {"model_type": "toy"}
+
+
+# ---- load_into_abstract: abstract build, import, materialise the rest ------------------------
+class ToyWithDropout(Toy):
+  def __init__(self, rngs):
+    super().__init__(rngs)
+    self.dropout = nnx.Dropout(0.5, rngs=rngs)  # Forks its own RNG stream (key + count).
+
+  def __call__(self, x, deterministic=True):
+    return self.head(self.dropout(x, deterministic=deterministic))
+
+
+def _counting_factory(calls):
+  def factory():
+    calls.append(1)
+    return ToyWithDropout(nnx.Rngs(params=3, dropout=4))
+  return factory
+
+
+def _abstract_leaves(model):
+  return [path for path, v in nnx.iter_graph(model) if isinstance(v, nnx.Variable)
+          and isinstance(v.get_value(), jax.ShapeDtypeStruct)]
+
+
+def test_load_into_abstract_gives_a_new_head_its_concrete_initial_values():
+  calls = []
+  state = {k: v for k, v in _hf_state().items() if not k.startswith("classifier")}
+  model = convert.load_into_abstract(_counting_factory(calls), state, RULES,
+                                     dont_load=r"^head\.", seed=7)
+  assert not _abstract_leaves(model)
+  assert len(calls) == 2  # Once abstractly, once (jitted) for the head.
+  # An eager build draws the same numbers; XLA's fused init may round the last bit.
+  concrete = ToyWithDropout(nnx.Rngs(params=3, dropout=4))
+  np.testing.assert_allclose(model.head.kernel[...], concrete.head.kernel[...], rtol=1e-6)
+  np.testing.assert_allclose(model.head.bias[...], concrete.head.bias[...], rtol=1e-6)
+  assert np.abs(np.asarray(model.head.kernel[...])).sum() > 0
+  # Loaded weights are the checkpoint's, not the initialiser's.
+  x = np.random.default_rng(1).normal(size=(1, 3, 4)).astype(np.float32)
+  q = np.asarray(model.blocks[1].query(x)).reshape(1, 3, 4)
+  np.testing.assert_allclose(q, x @ state["layer.1.q.weight"].T + state["layer.1.q.bias"],
+                             atol=1e-5)
+  # The dropout stream is concrete and usable; dropout acts only when asked.
+  run = nnx.jit(lambda m, x, d: m(x, deterministic=d), static_argnums=2)
+  assert not np.allclose(run(model, x, False), run(model, x, True))
+
+
+def test_load_into_abstract_compiles_nothing_when_the_checkpoint_has_every_parameter():
+  calls = []
+  model = convert.load_into_abstract(_counting_factory(calls), _hf_state(),
+                                     lambda m: RULES if isinstance(m, Toy) else [],
+                                     source="ckpt/", seed=7)
+  assert len(calls) == 1  # Only the abstract build: RNG state needs no jitted init.
+  assert not _abstract_leaves(model)
+  np.testing.assert_array_equal(model.head.bias[...], _hf_state()["classifier.bias"])
+  keys = [v.get_value() for _, v in nnx.iter_graph(model) if isinstance(v, nnx.RngKey)]
+  assert keys and all(jax.dtypes.issubdtype(k.dtype, jax.dtypes.prng_key) for k in keys)
+  again = convert.load_into_abstract(_counting_factory([]), _hf_state(), RULES, seed=7)
+  other = convert.load_into_abstract(_counting_factory([]), _hf_state(), RULES, seed=8)
+  key_data = lambda m: [np.asarray(jax.random.key_data(v.get_value()))  # noqa: E731
+                        for _, v in nnx.iter_graph(m) if isinstance(v, nnx.RngKey)]
+  for a, b in zip(key_data(model), key_data(again)):
+    np.testing.assert_array_equal(a, b)  # Reproducible from the seed,
+  assert not all(np.array_equal(a, b) for a, b in zip(key_data(model), key_data(other)))
+  state = _hf_state()
+  del state["layer.0.k.bias"]
+  with pytest.raises(MochegInputError, match=r"^ckpt/: missing weights \['layer.0.k.bias'\]"):
+    convert.load_into_abstract(_counting_factory([]), state, RULES, source="ckpt/")

@@ -6,8 +6,10 @@ the LM head; learned positions with BART's offset of 2; layernorm_embedding; pos
 and decoder layers; a final_logits_bias added to the logits.
 
 Incremental decoding keeps a `DecoderCache` pytree: per decoder layer the self-attention
-keys/values [B, max_length, H, D], written in place with lax.dynamic_update_slice, and the
-cross-attention keys/values [B, S, H, D] projected once from the encoder memory. All shapes
+keys and values of max_length positions, written in place with lax.dynamic_update_slice,
+and the cross-attention keys/values projected once from the encoder memory. Keys are stored
+[B, H, D, L] and values [B, H, L, D], the layouts the attention dots read, so a step does
+not transpose the whole cache (XLA would copy it every step for [B, L, H, D]). All shapes
 are static, so one decoding step compiles once (decoding.py runs it in a lax.while_loop).
 
 Model-specific logical axes: "positions" (the position table's rows).
@@ -156,10 +158,26 @@ def shift_tokens_right(input_ids: jax.Array, pad_token_id: int,
 
 @flax.struct.dataclass
 class LayerCache:
-  key: jax.Array  # [B, L, H, D] self-attention keys written so far (zeros beyond).
-  value: jax.Array  # [B, L, H, D]
-  cross_key: jax.Array  # [B, S, H, D] projected once from the encoder memory.
-  cross_value: jax.Array  # [B, S, H, D]
+  key: jax.Array  # [B, H, D, L] self-attention keys written so far (zeros beyond).
+  value: jax.Array  # [B, H, L, D]
+  cross_key: jax.Array  # [B, H, D, S] projected once from the encoder memory.
+  cross_value: jax.Array  # [B, H, S, D]
+
+  @staticmethod
+  def keys_in(k: jax.Array) -> jax.Array:
+    """[B, L, H, D] -> the stored key layout [B, H, D, L]."""
+    return k.transpose(0, 2, 3, 1)
+
+  @staticmethod
+  def values_in(v: jax.Array) -> jax.Array:
+    """[B, L, H, D] -> the stored value layout [B, H, L, D]."""
+    return v.transpose(0, 2, 1, 3)
+
+  @staticmethod
+  def kv_out(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Stored keys/values as Attention takes them, [B, L, H, D] (XLA folds the transposes
+    into the attention dots)."""
+    return k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3)
 
 
 @flax.struct.dataclass
@@ -169,7 +187,7 @@ class DecoderCache:
 
   @property
   def max_length(self) -> int:
-    return self.layers[0].key.shape[1]
+    return self.layers[0].key.shape[-1]
 
   def reorder(self, rows: jax.Array) -> DecoderCache:
     """Self-attention entries of `rows` (beam search); cross entries are the same per source."""
@@ -238,13 +256,16 @@ class DecoderLayer(nnx.Module):
       cross_kv = self.encoder_attn.project_kv(memory)
     else:
       k, v = self.self_attn.project_kv(x)  # [B, T, H, D] for the new tokens only.
-      start = (0, index, 0, 0)
+      dtype = cache.key.dtype
       cache = cache.replace(
-          key=jax.lax.dynamic_update_slice(cache.key, k.astype(cache.key.dtype), start),
-          value=jax.lax.dynamic_update_slice(cache.value, v.astype(cache.value.dtype), start))
-      h = self.self_attn(x, kv=(cache.key, cache.value), mask=self_mask,
+          key=jax.lax.dynamic_update_slice(cache.key, LayerCache.keys_in(k).astype(dtype),
+                                           (0, 0, 0, index)),
+          value=jax.lax.dynamic_update_slice(cache.value,
+                                             LayerCache.values_in(v).astype(dtype),
+                                             (0, 0, index, 0)))
+      h = self.self_attn(x, kv=LayerCache.kv_out(cache.key, cache.value), mask=self_mask,
                          deterministic=deterministic)
-      cross_kv = (cache.cross_key, cache.cross_value)
+      cross_kv = LayerCache.kv_out(cache.cross_key, cache.cross_value)
     x = self.self_attn_layer_norm(x + self.dropout(h, deterministic=deterministic))
     h = self.encoder_attn(x, kv=cross_kv, mask=cross_mask, deterministic=deterministic)
     x = self.encoder_attn_layer_norm(x + self.dropout(h, deterministic=deterministic))
@@ -327,10 +348,12 @@ class Bart(nnx.Module):
       ck, cv = layer.encoder_attn.project_kv(memory)
       if repeat > 1:
         ck, cv = jnp.repeat(ck, repeat, axis=0), jnp.repeat(cv, repeat, axis=0)
-      attn = layer.self_attn
-      zeros = jnp.zeros((batch, max_length, attn.num_heads, attn.head_dim), dtype)
-      entries.append(LayerCache(key=zeros, value=zeros, cross_key=ck.astype(dtype),
-                                cross_value=cv.astype(dtype)))
+      heads, head_dim = layer.self_attn.num_heads, layer.self_attn.head_dim
+      entries.append(LayerCache(
+          key=jnp.zeros((batch, heads, head_dim, max_length), dtype),
+          value=jnp.zeros((batch, heads, max_length, head_dim), dtype),
+          cross_key=LayerCache.keys_in(ck).astype(dtype),
+          cross_value=LayerCache.values_in(cv).astype(dtype)))
     return DecoderCache(index=jnp.zeros((), jnp.int32), layers=tuple(entries))
 
   def decode(self, target_ids: jax.Array, memory: jax.Array | None,

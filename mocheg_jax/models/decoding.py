@@ -247,6 +247,12 @@ def _set_column(buffer: jax.Array, column: jax.Array, index: jax.Array) -> jax.A
 
 
 # ---- strategies -----------------------------------------------------------------------
+def _initial_cache(model: Bart, memory: jax.Array, length: int, repeat: int):
+  """The cache, behind an optimisation barrier: otherwise XLA sinks the (loop-invariant)
+  cross-attention projections and layout changes into the loop and redoes them per step."""
+  return jax.lax.optimization_barrier(model.init_cache(memory, length, repeat=repeat))
+
+
 def _greedy_or_sample(model: Bart, memory: jax.Array, memory_mask: jax.Array,
                       config: GenerationConfig, knobs: Knobs,
                       rng: jax.Array | None) -> GenerateOutput:
@@ -257,7 +263,7 @@ def _greedy_or_sample(model: Bart, memory: jax.Array, memory_mask: jax.Array,
   sequences = sequences.at[:, 0].set(config.decoder_start_token_id)
   carry = dict(sequences=sequences, cur_len=jnp.asarray(1, jnp.int32),
                unfinished=jnp.ones((rows,), bool), scores=jnp.zeros((rows,), jnp.float32),
-               cache=model.init_cache(memory, length - 1))
+               cache=_initial_cache(model, memory, length - 1, 1))
 
   def body(c):
     m = nnx.merge(graphdef, state)
@@ -311,7 +317,7 @@ def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
       sequences=sequences, scores=jnp.full((batch, beams), NEG),
       finished=jnp.zeros((batch, beams), bool), unsatisfied=jnp.ones((batch, 1), bool),
       done=jnp.asarray(False), cur_len=jnp.asarray(1, jnp.int32),
-      cache=model.init_cache(memory, length - 1, repeat=beams))
+      cache=_initial_cache(model, memory, length - 1, beams))
 
   def body(c):
     m = nnx.merge(graphdef, state)

@@ -9,11 +9,11 @@
 A plain HF folder (no modules.json) works too: mean pooling, no normalisation, and
 max_seq_length = min(tokenizer.model_max_length, max_position_embeddings).
 
-`encode_texts` batches texts, pads them to a few bucketed shapes (so jit compiles a handful
-of programs), dispatches every batch of a chunk before reading any result back (so
-tokenising the next chunk overlaps the computation) and returns float32 rows in input
-order. Truncation is explicit: `max_length` tokens (special tokens included), cut on the
-right or on the left.
+`encode_texts` batches texts with mocheg_jax.models.encoding's core: pads them to a few
+bucketed shapes (so jit compiles a handful of programs), dispatches every batch of a chunk
+before reading any result back (so tokenising the next chunk overlaps the computation) and
+returns float32 rows in input order. Truncation is explicit: `max_length` tokens (special
+tokens included), cut on the right or on the left.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import functools
 import json
 import os
 import pathlib
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from flax import nnx
 
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.tokenizers import load_tokenizer
-from mocheg_jax.models import bert
+from mocheg_jax.models import bert, encoding
 from mocheg_jax.models.hf import bert as hf_bert
 
 MODULES_FILE = "modules.json"
@@ -46,7 +46,6 @@ _LEGACY_POOLING = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-MIN_BUCKET = 8
 
 
 @dataclasses.dataclass
@@ -199,20 +198,7 @@ def save(model: SentenceModel, folder: str | os.PathLike) -> None:
 
 
 # ---- encoding -----------------------------------------------------------------------------
-def length_buckets(max_length: int, min_bucket: int = MIN_BUCKET) -> list[int]:
-  """Padded lengths: powers of two and 1.5x powers of two, capped by max_length.
-
-  At most ~2 shapes per octave, and never more than a third of padding per batch.
-  """
-  out, p = [], min_bucket
-  while p < max_length:
-    out += [p, p * 3 // 2] if p * 3 // 2 < max_length else [p]
-    p *= 2
-  return [b for b in out if b < max_length] + [max_length]
-
-
-def _bucket(n: int, buckets: Sequence[int]) -> int:
-  return next(b for b in buckets if b >= n)
+length_buckets = encoding.length_buckets  # Kept here for callers of this module.
 
 
 @functools.lru_cache(maxsize=16)
@@ -227,18 +213,12 @@ def _forward(graphdef: nnx.GraphDef):
   return forward
 
 
-def _check_texts(texts: Iterable[str]) -> list[str]:
-  texts = list(texts)
-  for i, t in enumerate(texts):
-    if not isinstance(t, str):
-      raise MochegInputError(f"text {i} is a {type(t).__name__}, not a string")
-  return texts
-
-
 def encode_texts(encoder: bert.SentenceEncoder, tokenizer, texts: Sequence[str],
                  batch_size: int = 64, max_length: int | None = None, *,
                  truncation_side: str = "right", chunk_batches: int = 32) -> np.ndarray:
   """Embeds texts with a SentenceEncoder: float32 [N, D], rows in input order.
+
+  Batching as in `encoding.run_text_encoder` (bucketed shapes, dispatch-ahead).
 
   Args:
     encoder: the SentenceEncoder (its pooling and normalisation apply).
@@ -254,53 +234,14 @@ def encode_texts(encoder: bert.SentenceEncoder, tokenizer, texts: Sequence[str],
   Returns:
     A float32 array [len(texts), hidden_size].
   """
-  if truncation_side not in ("right", "left"):
-    raise ValueError(f"truncation_side must be 'right' or 'left', not {truncation_side!r}")
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be positive, not {batch_size}")
-  texts = _check_texts(texts)
   positions = encoder.config.max_position_embeddings
   if max_length is None:
     max_length = min(int(tokenizer.model_max_length), positions)
   if not 2 <= max_length <= positions:
     raise ValueError(f"max_length {max_length} must be in [2, {positions}]")
-  buckets = length_buckets(max_length)
-  batch_buckets = sorted({min(batch_size, 1 << i) for i in range(batch_size.bit_length() + 1)})
   graphdef, state = nnx.split(encoder)
   forward = _forward(graphdef)
-  pad_id = tokenizer.pad_token_id or 0
-  out = np.zeros((len(texts), encoder.config.hidden_size), np.float32)
-
-  def dispatch(start: int) -> list[tuple[np.ndarray, jax.Array]]:
-    """Tokenises one chunk and launches its batches; returns (rows, pending result)."""
-    chunk = texts[start:start + batch_size * chunk_batches]
-    previous = tokenizer.truncation_side
-    tokenizer.truncation_side = truncation_side
-    try:
-      ids = tokenizer(chunk, truncation=True, max_length=max_length, padding=False,
-                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-    finally:
-      tokenizer.truncation_side = previous
-    lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
-    order = np.argsort(-lengths, kind="stable")  # Longest first, as sentence-transformers.
-    pending = []
-    for b in range(0, len(order), batch_size):
-      rows = order[b:b + batch_size]
-      length = _bucket(int(lengths[rows[0]]), buckets)
-      n = _bucket(len(rows), batch_buckets)
-      batch = np.full((n, length), pad_id, np.int32)
-      mask = np.zeros((n, length), np.int32)
-      for j, r in enumerate(rows):
-        batch[j, :lengths[r]] = ids[r]
-        mask[j, :lengths[r]] = 1
-      pending.append((rows + start, forward(state, batch, mask)))
-    return pending
-
-  chunk_size = batch_size * chunk_batches
-  pending = dispatch(0) if texts else []
-  for start in range(chunk_size, len(texts) + chunk_size, chunk_size):
-    following = dispatch(start) if start < len(texts) else []
-    for rows, result in pending:  # Reading back waits; the next chunk is already queued.
-      out[rows] = np.asarray(result)[:len(rows)]
-    pending = following
-  return out
+  return encoding.run_text_encoder(
+      lambda ids, mask: forward(state, ids, mask), tokenizer, texts,
+      width=encoder.config.hidden_size, max_length=max_length, batch_size=batch_size,
+      truncation_side=truncation_side, chunk_batches=chunk_batches)

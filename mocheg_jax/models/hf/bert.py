@@ -25,7 +25,6 @@ import os
 import re
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -203,13 +202,8 @@ def load(folder: str | os.PathLike, *, head: str | None = None, num_labels: int 
   if head in ("model", "sentence"):
     # A BertModel may be loaded from a classifier checkpoint, as in transformers.
     ignore.append(r"^classifier\.")
-  # Built abstractly, so no parameter is randomly initialised only to be overwritten (on
-  # CPU that costs an XLA compilation per parameter shape).
-  model = nnx.eval_shape(factory)
-  convert.import_weights(model, state, rules(model), source=source, dont_load=dont_load,
-                         ignore=ignore)
-  _materialize(model, factory, seed)
-  return model
+  return convert.load_into_abstract(factory, state, rules, source=source, dont_load=dont_load,
+                                    ignore=ignore, seed=seed)
 
 
 def _factory(head: str, config: bert.BertConfig, raw: dict, state: dict[str, np.ndarray], *,
@@ -244,36 +238,6 @@ def _factory(head: str, config: bert.BertConfig, raw: dict, state: dict[str, np.
   rate = float(head_config.get("dropout", bert.MLP_HEAD_DROPOUT))
   return lambda: bert.SequenceClassifier(config, num_labels, head="mlp", label_names=names,
                                          mlp_sizes=sizes, mlp_dropout=rate, rngs=rngs(), **kw)
-
-
-def _materialize(model: nnx.Module, factory: Callable[[], nnx.Module], seed: int) -> None:
-  """Gives concrete values to the variables of an abstract model that loading left empty.
-
-  RNG stream state gets keys folded from `seed`; parameters kept by `dont_load` get the
-  values a concrete `factory()` would give them, from one jitted init that XLA prunes to
-  just those parameters.
-  """
-  empty = [(path, v) for path, v in nnx.iter_graph(model)
-           if isinstance(v, nnx.Variable) and isinstance(v.get_value(), jax.ShapeDtypeStruct)]
-  base = jax.random.key(seed)
-  others = []
-  for index, (path, variable) in enumerate(empty):
-    if isinstance(variable, nnx.RngKey):
-      variable.set_value(jax.random.fold_in(base, index))
-    elif isinstance(variable, nnx.RngCount):
-      variable.set_value(jnp.zeros(variable.get_value().shape, jnp.uint32))
-    else:
-      others.append((path, variable))
-  if not others:
-    return
-
-  @jax.jit
-  def init():
-    fresh = dict(nnx.iter_graph(factory()))
-    return [fresh[path].get_value() for path, _ in others]
-
-  for (_, variable), value in zip(others, init()):
-    variable.set_value(value)
 
 
 def hf_config(model: BertLike) -> dict:

@@ -8,9 +8,7 @@ buffers that old checkpoints still contain are ignored.
 from __future__ import annotations
 
 import os
-import re
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -96,23 +94,8 @@ def load(folder: str | os.PathLike, *, dtype=jnp.float32, param_dtype=jnp.float3
   state = convert.read_state_dict(folder)
   build = lambda: clip.CLIPModel(config, dtype=dtype, param_dtype=param_dtype,  # noqa: E731
                                  rngs=nnx.Rngs(seed))
-  # Built abstractly: every parameter but the `dont_load` ones comes from the checkpoint,
-  # and an eager random initialisation compiles one kernel per shape (tens of seconds).
-  model = nnx.eval_shape(build)
-  convert.import_weights(model, state, rules(config), source=folder, dont_load=dont_load,
-                         ignore=IGNORE)
-  if dont_load:
-    keep = re.compile(dont_load)
-
-    def fresh_values():  # Inside jit, XLA drops the initialisers of everything else.
-      return {path: variable.get_value()
-              for path, variable in convert.params_by_path(build()).items()
-              if keep.search(path)}
-
-    params = convert.params_by_path(model)
-    for path, value in jax.jit(fresh_values)().items():
-      params[path].set_value(value)
-  return model
+  return convert.load_into_abstract(build, state, rules(config), source=folder,
+                                    dont_load=dont_load, ignore=IGNORE, seed=seed)
 
 
 def save(model: clip.CLIPModel, folder: str | os.PathLike) -> None:

@@ -5,6 +5,10 @@ A model's table lists one `Rule` per parameter, with `{i}` standing for a layer 
 weight in the checkpoint that nothing consumes, is an error that names them (an explicit
 `dont_load` regex keeps freshly initialised heads, `ignore` regexes skip known buffers).
 Shapes are checked before anything is assigned.
+
+`load_into_abstract` is how every family's `load` builds a model: abstractly (no random
+initialisation of weights the checkpoint then overwrites), filled from the checkpoint, and
+only the variables the checkpoint does not hold (RNG state, `dont_load` heads) made concrete.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import dataclasses
 import json
 import os
 import re
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from mocheg_jax.data.report import MochegInputError
+
+M = TypeVar("M", bound=nnx.Module)
 
 
 # ---- hooks: HF tensor <-> our tensor, each with its exact inverse --------------------------
@@ -235,3 +242,81 @@ def export_weights(model: nnx.Module, rules: Sequence[Rule],
       raise ValueError(f"rule names {rule.ours!r}, which the model does not have")
     out[rule.hf] = rule.hook.to_hf(np.asarray(params[rule.ours].get_value(), np.float32))
   return out
+
+
+# ---- building a model from a checkpoint -------------------------------------------------------
+def load_into_abstract(factory: Callable[[], M], state: Mapping[str, np.ndarray],
+                       rules: Sequence[Rule] | Callable[[M], Sequence[Rule]], *,
+                       source: str = "checkpoint", dont_load: str | None = None,
+                       ignore: Sequence[str] = (), prefixes: Sequence[str] = (),
+                       seed: int = 0) -> M:
+  """Builds `factory()` abstractly, imports `state` into it and materialises the rest.
+
+  An eager build would initialise every parameter at random only to overwrite it (on CPU
+  that also costs one XLA compilation per parameter shape: tens of seconds for a base-size
+  model). Here the model is built with `nnx.eval_shape`, the checkpoint's tensors are
+  imported (with every check of `import_weights`), and only what is still abstract then gets
+  concrete values:
+  * RNG stream keys (`nnx.RngKey`): `fold_in(key(seed), k)` for the k-th key in graph order,
+    so every stream (dropout layers fork their own) is distinct and reproducible; counts
+    (`nnx.RngCount`) start at 0. No compilation is needed for these.
+  * Everything else (`dont_load` parameters, other non-parameter variables): exactly the
+    values a concrete `factory()` gives them, from one jitted init that XLA prunes to those
+    variables.
+
+  Args:
+    factory: builds the model; called once under `nnx.eval_shape`, and once more under jit
+      when something besides RNG state is left to initialise. It must create its own
+      `nnx.Rngs` (from a seed or a key), not close over a caller's `nnx.Rngs` object, whose
+      state tracing would overwrite with tracers.
+    state: HF key -> tensor (see `read_state_dict`).
+    rules: the expanded table, or a function of the abstract model that returns it (for
+      tables that depend on the model's structure, e.g. which head it has).
+    source: what to name in errors (the checkpoint folder or file).
+    dont_load: regex of our parameter paths to leave freshly initialised (new heads).
+    ignore: regexes of checkpoint keys that are not parameters (buffers).
+    prefixes: key prefixes to strip when the checkpoint needs it (e.g. "bert.").
+    seed: seeds the RNG stream keys (see above).
+
+  Returns:
+    The model, every variable concrete.
+
+  Raises:
+    MochegInputError: missing, unexpected or mismatched weights (see `import_weights`).
+  """
+  model = nnx.eval_shape(factory)
+  table = rules(model) if callable(rules) else rules
+  import_weights(model, dict(state), table, source=source, dont_load=dont_load,
+                 ignore=ignore, prefixes=prefixes)
+  materialize(model, factory, seed)
+  return model
+
+
+def materialize(model: nnx.Module, factory: Callable[[], nnx.Module], seed: int = 0) -> None:
+  """Gives concrete values to the variables of `model` that are still abstract, in place.
+
+  See `load_into_abstract` for which values. `model` must have `factory()`'s structure.
+  """
+  empty = [(path, v) for path, v in nnx.iter_graph(model)
+           if isinstance(v, nnx.Variable) and isinstance(v.get_value(), jax.ShapeDtypeStruct)]
+  base = jax.random.key(seed)
+  others, keys = [], 0
+  for path, variable in empty:
+    if isinstance(variable, nnx.RngKey):
+      variable.set_value(jax.random.fold_in(base, keys))
+      keys += 1
+    elif isinstance(variable, nnx.RngCount):
+      struct = variable.get_value()
+      variable.set_value(jnp.zeros(struct.shape, struct.dtype))
+    else:
+      others.append((path, variable))
+  if not others:
+    return
+
+  @jax.jit
+  def init():  # Inside jit, XLA drops the initialisers of everything not returned.
+    fresh = dict(nnx.iter_graph(factory()))
+    return [fresh[path].get_value() for path, _ in others]
+
+  for (_, variable), value in zip(others, init()):
+    variable.set_value(value)
