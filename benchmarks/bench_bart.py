@@ -12,8 +12,10 @@ bart-base (768-d, 6+6 layers, 50k vocabulary), `small` a 256-d 3+3 model.
 Each side is warmed up once (ours includes XLA compilation, reported apart), then the two
 are timed alternately --repeats times and the best time of each is used, which resists
 load from other processes. torch uses torch.set_num_threads(--threads, default all
-CPUs); XLA's CPU client uses all CPUs. Prints a table and writes JSON to --out.
-Not a test.
+CPUs); XLA's CPU client uses all CPUs. For one core each:
+`taskset -c 0 python benchmarks/bench_bart.py --threads=1`. On a machine busy with other
+work, multi-threaded torch slows down far more than XLA does (spinning worker threads), so
+compare there with one core each. Prints a table and writes JSON to --out. Not a test.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ _THREADS = flags.DEFINE_integer("threads", None, "torch threads (default: all CP
 _OUT = flags.DEFINE_string("out", "benchmarks/out/bart.json", "JSON output path.")
 
 
-def bench_size(name: str, threads: int) -> dict:
+def bench_size(name: str) -> dict:
   """One model size: both sides, same weights, inputs and settings; interleaved timing."""
   import jax
   import numpy as np
@@ -114,13 +116,14 @@ def main(argv: list[str]) -> None:
   unknown = sorted(set(_SIZES.value) - set(SIZES))
   if unknown:
     raise app.UsageError(f"unknown size(s) {unknown}; expected {sorted(SIZES)}")
-  threads = _THREADS.value or os.cpu_count()
+  cpus = len(os.sched_getaffinity(0))  # What this process may use (taskset honoured).
+  threads = _THREADS.value or cpus
   torch.set_num_threads(threads)
-  results = [bench_size(name, threads) for name in _SIZES.value]
+  results = [bench_size(name) for name in _SIZES.value]
   mode = "greedy" if _BEAMS.value == 1 else f"beam {_BEAMS.value}"
   print(f"BART {mode} decoding, batch {_BATCH.value} x source {_SOURCE.value}, "
         f"{_NEW.value} new tokens per row; best of {_REPEATS.value} interleaved runs; "
-        f"{threads} torch threads; XLA {jax.devices()[0].platform} with {os.cpu_count()} CPUs")
+        f"{threads} torch threads; XLA {jax.devices()[0].platform} on {cpus} CPUs")
   print(f"{'size':24s} {'ours tok/s':>11s} {'HF tok/s':>11s} {'ours/HF':>8s} "
         f"{'same rows':>9s} {'compile s':>9s}")
   for r in results:
@@ -129,7 +132,7 @@ def main(argv: list[str]) -> None:
           f"{r['ratio']:7.2f}x {r['identical_rows']:9.0%} {r['ours_compile_seconds']:9.1f}")
   output = dict(benchmark="bart_decoding", mode=mode, batch=_BATCH.value,
                 source_length=_SOURCE.value, new_tokens=_NEW.value, torch_threads=threads,
-                cpus=os.cpu_count(), platform=jax.devices()[0].platform,
+                cpus=cpus, platform=jax.devices()[0].platform,
                 timing="best of interleaved runs", results=results)
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
   with open(_OUT.value, "w") as f:
