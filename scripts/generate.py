@@ -114,7 +114,8 @@ def run() -> dict:
   tokenizer.truncation_side = _TRUNCATION_SIDE.value
 
   todo = [i for i, line in enumerate(lines) if line.strip()]
-  encoded = tokenizer([lines[i] for i in todo], truncation=True, max_length=max_source)["input_ids"]
+  encoded = (tokenizer([lines[i] for i in todo], truncation=True,
+                       max_length=max_source)["input_ids"] if todo else [])
   order = sorted(range(len(todo)), key=lambda j: len(encoded[j]))
   outputs = [""] * len(lines)
   batch_size = _BATCH_SIZE.value
@@ -152,7 +153,7 @@ def main(argv: list[str]) -> None:
   from mocheg_jax.utils.cli import USER_ERRORS
   try:
     summary = run()
-  except USER_ERRORS as e:
+  except (*USER_ERRORS, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
   print(f"{summary['lines']} lines ({summary['empty']} empty) -> {_OUTPUT.value}: "

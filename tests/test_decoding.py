@@ -156,29 +156,41 @@ def test_settings_change_run_time_values_not_the_program(models):
   assert "while" in str(jaxpr)
 
 
-# Sampling runs through generate_core inside the caller's own jit, as a training step would.
+# Sampling runs as a REINFORCE step would: generate_core inside the caller's own jitted,
+# differentiated function, followed by the sampled sequences' log-likelihood.
 SAMPLE = dict(max_length=MAX_LENGTH, do_sample=True, top_k=5, top_p=0.95)
 
 
 @nnx.jit(static_argnames=("config",))
-def _sample(model, ids, mask, key, knobs, config):
-  return decoding.generate_core(model, ids, mask, config, key, knobs=knobs)
+def _sample_step(model, ids, mask, key, knobs, config):
+  def loss_fn(m):
+    out = decoding.generate_core(m, ids, mask, config, key, knobs=knobs)
+    log_probs = jax.nn.log_softmax(m(ids, mask, out.sequences[:, :-1]))
+    taken = jnp.take_along_axis(log_probs, out.sequences[:, 1:, None], -1)[..., 0]
+    real = jnp.arange(1, config.max_length)[None] < out.lengths[:, None]
+    return -jnp.where(real, taken, 0.0).sum(), out
+
+  (loss, out), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+  return out, loss, grads
 
 
 def _sample_with(ours, ids, mask, key, **settings):
   config = decoding.GenerationConfig.from_model(ours.config, **{**SAMPLE, **settings})
   static, knobs = decoding.split_config(config)
-  return _sample(ours, jnp.asarray(ids), jnp.asarray(mask), key, knobs, static)
+  return _sample_step(ours, jnp.asarray(ids), jnp.asarray(mask), key, knobs, static)
 
 
 def test_sampling_is_reproducible_and_stays_in_the_top_k(models):
   reference, ours, _ = models
   ids, mask = _sources(3)
-  a = _sample_with(ours, ids, mask, jax.random.key(0))
-  b = _sample_with(ours, ids, mask, jax.random.key(0))
-  c = _sample_with(ours, ids, mask, jax.random.key(1))
+  a, loss, grads = _sample_with(ours, ids, mask, jax.random.key(0))
+  b, _, _ = _sample_with(ours, ids, mask, jax.random.key(0))
+  c, _, _ = _sample_with(ours, ids, mask, jax.random.key(1))
   np.testing.assert_array_equal(a.sequences, b.sequences)
   assert not np.array_equal(a.sequences, c.sequences)
+  # The step differentiates through the model, not through the (stop-gradient) sampling.
+  assert np.isfinite(loss) and loss > 0
+  assert np.abs(np.asarray(grads["shared"]["embedding"][...])).sum() > 0
   # Every sampled token (before the forced final EOS) is among the 5 best of HF's
   # teacher-forced logits at its position.
   seqs = np.asarray(c.sequences)
@@ -196,7 +208,7 @@ def test_sampling_with_a_tiny_nucleus_is_greedy(models):
   _, ours, _ = models
   ids, mask = _sources(4)
   settings = dict(min_length=4, forced_bos_token_id=BOS)
-  sampled = _sample_with(ours, ids, mask, jax.random.key(7), top_p=1e-6, **settings)
+  sampled, _, _ = _sample_with(ours, ids, mask, jax.random.key(7), top_p=1e-6, **settings)
   greedy = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
   np.testing.assert_array_equal(sampled.sequences, greedy.sequences)
 
@@ -269,8 +281,8 @@ def test_generate_script_end_to_end(models, tmp_path):
   inputs.write_text("\n".join(lines) + "\n")
   out = tmp_path / "out.txt"
   proc = _run_script(f"--model={model_dir}", f"--input={inputs}", f"--output={out}",
-                     "--num_beams=2", "--max_length=12", "--no_repeat_ngram_size=3",
-                     "--batch_size=2", "--max_source_length=8")
+                     "--max_length=12", "--min_length=5", "--no_repeat_ngram_size=2",
+                     "--batch_size=2", "--max_source_length=8", "--truncation_side=left")
   assert proc.returncode == 0, proc.stderr
   got = out.read_text().split("\n")
   assert len(got) == len(lines) + 1 and got[-1] == ""  # One line per input, in order.
@@ -279,9 +291,10 @@ def test_generate_script_end_to_end(models, tmp_path):
   for line, text in zip(lines, got):
     if not line:
       continue
+    tokenizer.truncation_side = "left"
     enc = tokenizer([line], truncation=True, max_length=8, return_tensors="pt")
     with torch.no_grad():
-      ids = reference.generate(**enc, num_beams=2, max_length=12, no_repeat_ngram_size=3)
+      ids = reference.generate(**enc, max_length=12, min_length=5, no_repeat_ngram_size=2)
     want = tokenizer.decode(ids[0], skip_special_tokens=True).replace("\n", " ").strip()
     assert text == want
   missing = _run_script(f"--model={tmp_path / 'nope'}", f"--input={inputs}",

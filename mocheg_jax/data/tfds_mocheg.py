@@ -245,6 +245,8 @@ def build(release_dir: str | os.PathLike, data_dir: str | os.PathLike,
   """Prepares every config of `release_dir` into `data_dir` (reusing finished ones)."""
   MochegRelease(release_dir)  # A missing folder is our clear error, not TFDS's assertion.
   _use_local_spill_files()
+  # Our own progress lines (with ETA) cover every split; TFDS's bars would interleave.
+  tfds.disable_progress_bar()
   if not os.listdir(release_dir):
     raise MochegInputError(f"{release_dir}: release folder is empty")
   prepared = {}

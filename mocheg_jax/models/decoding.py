@@ -13,7 +13,8 @@ hypotheses, early_stopping True / False / "never" with HF's stopping heuristic).
 
 Output layout is HF's: `sequences` [B, max_length] begin with the decoder start token and
 are padded with the pad id after EOS (HF crops to the longest row instead; padding HF's
-output to max_length with the pad id gives ours). `max_length` counts the start token.
+output to max_length with the pad id gives ours; HF's beam search pads with EOS instead
+when the pad id is 0). `max_length` counts the start token.
 """
 
 from __future__ import annotations
@@ -393,6 +394,10 @@ def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
   if knobs is None:
     knobs = Knobs.of(config)
   knobs = jax.tree.map(jnp.asarray, knobs)
+  # Generation is never differentiated (a while loop has no reverse mode), so a loss that
+  # samples from the model it trains (REINFORCE) can call this inside its grad function.
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  model = nnx.merge(graphdef, jax.lax.stop_gradient(params), rest)
   memory = model.encode(input_ids, attention_mask)
   if config.num_beams > 1:
     return _beam_search(model, memory, attention_mask, config, knobs)
