@@ -254,7 +254,7 @@ def test_generation_defaults_from_config_and_generation_config():
 
 def test_dropout_is_off_when_deterministic_and_random_otherwise(checkpoint):
   folder, _ = checkpoint
-  ours = hf_bart.load(folder, rngs=nnx.Rngs(params=0, dropout=1))
+  ours = hf_bart.load(folder, seed=3)
   batch = [jnp.asarray(a) for a in _ragged_batch()]
   a = _forward_and_memory(ours, *batch)
   np.testing.assert_array_equal(a[0], _forward_and_memory(ours, *batch)[0])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -104,14 +102,17 @@ def _check_tied(state: dict[str, np.ndarray], source: str) -> None:
 
 
 def load(folder: str | os.PathLike, *, dtype=jnp.float32, dont_load: str | None = None,
-         rngs: nnx.Rngs | None = None) -> bart.Bart:
+         seed: int = 0) -> bart.Bart:
   """A `Bart` with the weights of an HF folder (config.json + safetensors / .bin).
+
+  Built abstractly (`convert.load_into_abstract`): no random initialisation of weights the
+  checkpoint then overwrites (seconds for bart-large).
 
   Args:
     folder: an HF BartForConditionalGeneration folder.
     dtype: the compute dtype (parameters stay float32).
     dont_load: regex of our parameter paths to keep freshly initialised.
-    rngs: for initialisation and dropout (default nnx.Rngs(0)).
+    seed: initialisation seed (for `dont_load` parameters and dropout).
   """
   source = os.fspath(folder)
   config = read_configs(folder)
@@ -121,28 +122,11 @@ def load(folder: str | os.PathLike, *, dtype=jnp.float32, dont_load: str | None 
   if "final_logits_bias" not in state and not (dont_load and re.search(dont_load,
                                                                        "final_logits_bias")):
     state["final_logits_bias"] = np.zeros((1, config.vocab_size), np.float32)
-  rngs = rngs or nnx.Rngs(0)
   compute_dtype = None if dtype == jnp.float32 else dtype
-  # Built abstractly: the checkpoint fills the parameters, so none is initialised at random
-  # (seconds for bart-large); only what it does not fill is then created for real.
-  model = nnx.eval_shape(lambda r: bart.Bart(config, dtype=compute_dtype, rngs=r), rngs)
-  convert.import_weights(model, state, rules(config), source=source, dont_load=dont_load,
-                         ignore=IGNORE)
-  todo = [(path, v) for path, v in nnx.iter_graph(model)
-          if isinstance(v, nnx.Variable) and isinstance(v.get_value(), jax.ShapeDtypeStruct)]
-  if todo:  # RNG state, and heads left to initialise by `dont_load`.
-    values = _initial_values(config, compute_dtype, tuple(path for path, _ in todo), rngs)
-    for (_, variable), value in zip(todo, values):
-      variable.set_value(value)
-  return model
-
-
-@functools.partial(nnx.jit, static_argnums=(0, 1, 2))
-def _initial_values(config: bart.BartConfig, dtype, paths: tuple, rngs: nnx.Rngs) -> list:
-  """Freshly initialised values of `paths` only; XLA drops the rest of the init as dead code."""
-  fresh = {path: v for path, v in nnx.iter_graph(bart.Bart(config, dtype=dtype, rngs=rngs))
-           if isinstance(v, nnx.Variable)}
-  return [fresh[path].get_value() for path in paths]
+  factory = lambda: bart.Bart(config, dtype=compute_dtype,  # noqa: E731
+                              rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+  return convert.load_into_abstract(factory, state, rules(config), source=source,
+                                    dont_load=dont_load, ignore=IGNORE, seed=seed)
 
 
 def save(model: bart.Bart, folder: str | os.PathLike) -> None:
