@@ -6,3 +6,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402  (after the environment set-up above)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+  """Tiny torch ops are far slower multi-threaded on a busy 2-core machine."""
+  import torch
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)

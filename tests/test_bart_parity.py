@@ -40,13 +40,7 @@ def _hf_model(seed: int = 0, **overrides) -> transformers.BartForConditionalGene
   return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-  """Tiny torch ops are far slower multi-threaded on a busy 2-core machine."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Jitted entry points: eager JAX would compile every primitive on its own (slow on CPU).

@@ -57,13 +57,7 @@ def _hf_model(seed: int = 0) -> transformers.BartForConditionalGeneration:
   return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-  """Tiny torch ops are far slower multi-threaded on a busy 2-core machine."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
