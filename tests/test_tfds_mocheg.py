@@ -1,6 +1,5 @@
 import sys
 
-import numpy as np
 import pytest
 
 from mocheg_jax.data import tfds_mocheg
