@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd
 
+from mocheg_jax.parallel import rules as rules_lib
+
 Axes = tuple[str | None, ...]
 Dtype = jnp.dtype | None
 
@@ -31,26 +33,6 @@ def _param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: Axes,
   return nnx.Param(init(rngs.params(), tuple(shape), param_dtype), out_sharding=axes)
 
 
-def logical_spec(axes: Axes, rules: Sequence[tuple[str, str | None]],
-                 mesh_axes: Sequence[str]) -> jax.sharding.PartitionSpec:
-  """PartitionSpec for logical `axes`: the first rule whose mesh axis exists and is unused.
-
-  A logical name without such a rule is replicated (None), so one rule set serves meshes
-  of any shape.
-  """
-  used: set[str] = set()
-  spec = []
-  for name in axes:
-    target = None
-    for logical, mesh_axis in rules:
-      if logical == name and mesh_axis in mesh_axes and mesh_axis not in used:
-        target = mesh_axis
-        used.add(mesh_axis)
-        break
-    spec.append(target)
-  return jax.sharding.PartitionSpec(*spec)
-
-
 def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   """Sharding constraint on an activation, by logical axis names.
 
@@ -61,7 +43,9 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   rules = spmd.get_logical_axis_rules()
   if mesh.empty or not rules:
     return x
-  spec = logical_spec(axes, rules, mesh.axis_names)
+  # With the shape, a dimension the mesh axes do not divide (a 3-class head, an odd
+  # vocabulary) stays replicated rather than failing.
+  spec = rules_lib.logical_to_spec(axes, rules, mesh, x.shape)
   if all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
     return jax.sharding.reshard(x, spec)  # Explicit meshes carry shardings in the types.
   return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))

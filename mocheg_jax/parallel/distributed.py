@@ -1,0 +1,185 @@
+"""Multi-process JAX: start-up, the primary process, global batches, barriers.
+
+One process per host (TPU VM worker, GPU node or SLURM task) runs the same program; after
+jax.distributed.initialize every process sees all devices of the job in jax.devices() and
+feeds its own share of each batch (global_batch). Single-process runs need none of this and
+every function here is then a cheap no-op or a plain device_put.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+MODES = ("auto", "on", "off")
+
+_initialized = False  # Set once this module has called jax.distributed.initialize.
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+  value = env.get(name)
+  if value is None or value == "":
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def detect_multiprocess(env: Mapping[str, str] | None = None) -> str | None:
+  """Why the environment looks like a multi-process job, or None when it does not.
+
+  Checks, in order: JAX_COORDINATOR_ADDRESS; SLURM with SLURM_NTASKS > 1; Open MPI with
+  OMPI_COMM_WORLD_SIZE > 1; a multi-host Cloud TPU slice (TPU_WORKER_HOSTNAMES naming more
+  than one host); multi-slice TPU (MEGASCALE_COORDINATOR_ADDRESS, or MEGASCALE_NUM_SLICES
+  > 1).
+  """
+  env = os.environ if env is None else env
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    return f"JAX_COORDINATOR_ADDRESS={env['JAX_COORDINATOR_ADDRESS']}"
+  tasks = _int_env(env, "SLURM_NTASKS")
+  if tasks is not None and tasks > 1:
+    return f"SLURM_NTASKS={tasks}"
+  ranks = _int_env(env, "OMPI_COMM_WORLD_SIZE")
+  if ranks is not None and ranks > 1:
+    return f"OMPI_COMM_WORLD_SIZE={ranks}"
+  hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+  if len(hosts) > 1:
+    return f"TPU_WORKER_HOSTNAMES lists {len(hosts)} hosts"
+  if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    return "MEGASCALE_COORDINATOR_ADDRESS is set"
+  slices = _int_env(env, "MEGASCALE_NUM_SLICES")
+  if slices is not None and slices > 1:
+    return f"MEGASCALE_NUM_SLICES={slices}"
+  return None
+
+
+def _is_initialized() -> bool:
+  if _initialized:
+    return True
+  check = getattr(jax.distributed, "is_initialized", None)
+  return bool(check()) if check is not None else False
+
+
+def maybe_initialize(mode: str = "auto", coordinator: str | None = None,
+                     num_processes: int | None = None, process_id: int | None = None) -> bool:
+  """Starts jax.distributed when asked to, or (mode "auto") when this is a multi-process job.
+
+  Must run before anything touches the devices (jax.devices(), a jit, an array).
+
+  Args:
+    mode: "off": never; "on": always (None arguments let JAX detect them on Cloud TPU,
+      SLURM and Open MPI); "auto": when an argument is given or the environment says the
+      job has several processes (see detect_multiprocess).
+    coordinator: "host:port" of process 0's coordinator service. "" counts as unset.
+    num_processes: processes in the job; 0 or less counts as unset.
+    process_id: this process's index; negative counts as unset.
+
+  Returns:
+    True when the distributed runtime is up after the call (started now or by an earlier
+    call; a second call does not start it again), False when it was not started.
+
+  Raises:
+    ValueError: an unknown mode, or a malformed environment variable.
+  """
+  global _initialized
+  if mode not in MODES:
+    raise ValueError(f"distributed mode must be one of {MODES}, got {mode!r}")
+  if mode == "off":
+    return False
+  if _is_initialized():
+    return True
+  coordinator = coordinator or None
+  num_processes = num_processes if num_processes is not None and num_processes > 0 else None
+  process_id = process_id if process_id is not None and process_id >= 0 else None
+  if mode == "auto":
+    given = [name for name, value in (("coordinator", coordinator),
+                                      ("num_processes", num_processes),
+                                      ("process_id", process_id)) if value is not None]
+    reason = f"{', '.join(given)} given" if given else detect_multiprocess()
+    if reason is None:
+      return False
+    logging.info("Starting jax.distributed: %s", reason)
+  jax.distributed.initialize(coordinator, num_processes, process_id)
+  _initialized = True
+  logging.info("jax.distributed is up: process %d of %d, %d local / %d global devices",
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+  return True
+
+
+def is_primary() -> bool:
+  """True on process 0, which writes logs, summaries and other single-writer files."""
+  return jax.process_index() == 0
+
+
+def _local_shards_along_dim0(sharding: NamedSharding, ndim: int) -> tuple[int, int]:
+  """(distinct dim-0 slices on this process's devices, dim-0 slices in all)."""
+  spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+
+  def parts(entry) -> int:
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return math.prod(sharding.mesh.shape[axis] for axis in axes)
+
+  # Probe with each dimension as long as its shard count: every device then holds exactly
+  # one index per dimension, and the distinct dim-0 starts count this process's rows.
+  probe = tuple(parts(entry) for entry in spec)
+  total = probe[0]
+  starts = {index[0].start or 0
+            for index in sharding.addressable_devices_indices_map(probe).values()}
+  return len(starts), total
+
+
+def global_batch(local: Mapping[str, np.ndarray],
+                 shardings: Mapping[str, NamedSharding]) -> dict[str, jax.Array]:
+  """Global arrays from this process's rows of a batch.
+
+  Each process passes its own rows (the global batch is the processes' rows in process
+  order along the batch axis); fields are placed with jax.make_array_from_process_local_data.
+
+  Args:
+    local: {field: array [local_batch, ...]}; every field has the same leading size.
+    shardings: {field: NamedSharding} for at least every field of `local`.
+
+  Raises:
+    ValueError: naming the field, when it has no sharding, no leading dimension, a leading
+      size different from the other fields, or one that does not split over this process's
+      devices along the batch dimension.
+  """
+  if not local:
+    raise ValueError("global_batch got an empty batch")
+  out = {}
+  first_field, first_size = None, None
+  for field, value in local.items():
+    if field not in shardings:
+      raise ValueError(f"batch field {field!r} has no sharding (known: {sorted(shardings)})")
+    value = np.asarray(value) if not isinstance(value, (np.ndarray, jax.Array)) else value
+    if value.ndim == 0:
+      raise ValueError(f"batch field {field!r} is a scalar; it needs a leading batch dimension")
+    size = value.shape[0]
+    if first_size is None:
+      first_field, first_size = field, size
+    elif size != first_size:
+      raise ValueError(f"batch field {field!r} has {size} rows but {first_field!r} has "
+                       f"{first_size}")
+    sharding = shardings[field]
+    local_shards, total = _local_shards_along_dim0(sharding, value.ndim)
+    if size % local_shards:
+      raise ValueError(
+          f"batch field {field!r}: {size} local rows do not split into the {local_shards} "
+          f"batch shards on this process's devices (spec {sharding.spec}, {total} in all)")
+    out[field] = jax.make_array_from_process_local_data(sharding, value)
+  return out
+
+
+def sync(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (nothing to wait for alone)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

@@ -1,0 +1,1 @@
+"""The shared trainer: optimizer, train state, jitted step, loop, checkpoints and metrics."""

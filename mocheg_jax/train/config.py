@@ -1,0 +1,72 @@
+"""The fields every training config has; a stage's config file starts from `base_config()`.
+
+Configs are Python files under configs/ with `get_config(arg)`, where `arg` picks a variant
+(`tiny`, `small`, `paper`, ...); scripts/train.py loads them with `lock_config=True`, so a
+mistyped `--config.x.y=...` override is an error rather than a silently ignored field.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from mocheg_jax.parallel import mesh as mesh_lib
+from mocheg_jax.parallel import rules as rules_lib
+from mocheg_jax.train import optim
+
+BEST_MODES = ("max", "min")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  # "module:function" returning a Task (see train/task.py), or a registered short name.
+  c.task = ""
+  c.seed = 0
+  c.total_steps = 100
+  c.batch_size = 32  # Global: summed over every device and process.
+  c.accum_steps = 1  # Micro-batches per step (gradient accumulation inside the jitted step).
+  c.log_every = 10
+  c.eval_every = 0  # 0: evaluate only at the end.
+  c.checkpoint_every = 100
+  c.keep_checkpoints = 2  # The latest N are kept, and the best one when best_metric is set.
+  c.best_metric = ""  # An evaluator's metric name, e.g. "dev/macro_f1".
+  c.best_mode = "max"
+  c.async_checkpoints = True
+  c.freeze = ""  # Regex of parameter paths that are not trained (no gradients, no state).
+  c.param_dtype = "float32"
+
+  c.mesh = mesh_lib.default_config()
+  c.sharding = ml_collections.ConfigDict()
+  c.sharding.rules = rules_lib.DEFAULT_RULES  # Logical axis -> mesh axis, first match wins.
+  c.optimizer = optim.default_config()
+
+  c.data = ml_collections.ConfigDict()
+  c.data.release = ""  # A Mocheg release folder; empty: the tiny synthetic world, made on demand.
+  c.data.workers = 0  # grain worker processes for the training input.
+
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.mode = "auto"  # auto | on | off (see parallel/distributed.py).
+  c.distributed.coordinator = ""
+  c.distributed.num_processes = 0
+  c.distributed.process_id = -1
+  return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Checks the trainer's own fields; raises ValueError naming the field."""
+  def positive(name: str, allow_zero: bool = False) -> None:
+    value = c[name]
+    if not isinstance(value, int) or value < 0 or (value == 0 and not allow_zero):
+      raise ValueError(f"config.{name} must be a {'non-negative' if allow_zero else 'positive'}"
+                       f" integer, got {value!r}")
+
+  if not c.task:
+    raise ValueError("config.task is empty: name the task (module:function)")
+  for name in ("total_steps", "batch_size", "accum_steps", "log_every", "checkpoint_every",
+               "keep_checkpoints"):
+    positive(name)
+  positive("eval_every", allow_zero=True)
+  if c.batch_size % c.accum_steps:
+    raise ValueError(f"config.batch_size {c.batch_size} is not divisible by "
+                     f"config.accum_steps {c.accum_steps}")
+  if c.best_mode not in BEST_MODES:
+    raise ValueError(f"config.best_mode must be one of {BEST_MODES}, got {c.best_mode!r}")

@@ -1,0 +1,258 @@
+"""The training loop every stage shares: `train(config, workdir) -> TrainResult`.
+
+The loop is host bookkeeping around one jitted step. It reads the device only at log,
+evaluation and checkpoint steps, so the host runs ahead and dispatch overlaps compute.
+Resuming is automatic: if WORKDIR/checkpoints holds a step, the state and the input
+position are restored from it and the run continues as if never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from mocheg_jax.parallel import distributed
+from mocheg_jax.parallel import mesh as mesh_lib
+from mocheg_jax.parallel import rules as rules_lib
+from mocheg_jax.train import config as config_lib
+from mocheg_jax.train import optim
+from mocheg_jax.train import state as state_lib
+from mocheg_jax.train import task as task_lib
+from mocheg_jax.train.checkpoint import Checkpointer
+from mocheg_jax.train.step import make_train_step
+from mocheg_jax.train.writer import MetricWriter
+from mocheg_jax.utils.progress import Progress
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or the gradient became NaN or Inf; training stopped."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+  status: str  # "finished" or "preempted"
+  step: int
+  metrics: dict[str, float]  # The last logged training metrics and evaluation results.
+
+
+class _StopSignals:
+  """Turns SIGTERM (preemption, scheduler) and SIGINT into a request to save and stop."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received: str | None = None
+    self._previous = {}
+
+  def __enter__(self) -> "_StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.received = signal.Signals(signum).name
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _rules(config: ml_collections.ConfigDict) -> tuple:
+  return tuple((name, tuple(t) if isinstance(t, (list, tuple)) else t)
+               for name, t in config.sharding.rules)
+
+
+class _LogWindow:
+  """The step metrics since the last log line, kept on device until it is written."""
+
+  def __init__(self, global_batch: int):
+    self._global_batch = global_batch
+    self._metrics: list[Mapping[str, jax.Array]] = []
+    self._start = time.perf_counter()
+
+  def __bool__(self) -> bool:
+    return bool(self._metrics)
+
+  def add(self, metrics: Mapping[str, jax.Array]) -> None:
+    self._metrics.append(metrics)
+
+  def flush(self) -> dict[str, float]:
+    """Means over the window plus step time and throughput; starts a new window."""
+    host = jax.device_get(self._metrics)  # The one host sync of a log interval.
+    elapsed, steps = time.perf_counter() - self._start, len(host)
+    means = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
+    means.update(step_time_s=elapsed / steps, examples_per_s=steps * self._global_batch / elapsed)
+    self._metrics, self._start = [], time.perf_counter()
+    return means
+
+
+def _check_local_batch(batch: Mapping[str, np.ndarray], expected: int,
+                       axes: Mapping[str, tuple]) -> None:
+  missing = sorted(set(axes) - set(batch))
+  if missing:
+    raise ValueError(f"the training data has no field(s) {missing} that the task's "
+                     f"batch_axes name; it has {sorted(batch)}")
+  for name in axes:
+    if np.shape(batch[name])[:1] != (expected,):
+      raise ValueError(f"batch field {name!r} has shape {np.shape(batch[name])}; this process "
+                       f"expects {expected} rows (config.batch_size / process count)")
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, *,
+          devices: Sequence[jax.Device] | None = None,
+          log: Callable[[str], None] = print) -> TrainResult:
+  """Trains `config.task` in `workdir`, resuming from its latest checkpoint if any.
+
+  `devices` (default: all) is what the mesh is laid over; `log` receives the console lines
+  (process 0 only).
+
+  Raises:
+    NonFiniteLossError: the loss or gradient became NaN/Inf (the update of that step was
+      skipped and nothing after the last good checkpoint was saved).
+    ValueError: an invalid config or data that do not match the task.
+  """
+  config_lib.validate(config)
+  primary = distributed.is_primary()
+  say = log if primary else (lambda _: None)
+  os.makedirs(workdir, exist_ok=True)
+  mesh = mesh_lib.make_mesh(config.mesh, devices)
+  rules = _rules(config)
+  processes = jax.process_count()
+  if config.batch_size % processes:
+    raise ValueError(f"config.batch_size {config.batch_size} is not divisible by the "
+                     f"{processes} processes")
+  local_batch = config.batch_size // processes
+
+  task = task_lib.resolve(config.task)(config, workdir)
+  optimizer = optim.make_optimizer(config.optimizer, config.total_steps)
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    spec = state_lib.ModelSpec.of(task.model, config.freeze)
+    shardings = state_lib.state_shardings(spec, optimizer.tx, mesh, rules)
+    batch_shardings = rules_lib.batch_shardings(dict(task.batch_axes), mesh, rules)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    data = iter(task.train_data(local_batch))
+
+    checkpoints = Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                               keep=config.keep_checkpoints, best_metric=config.best_metric,
+                               best_mode=config.best_mode,
+                               async_save=config.async_checkpoints)
+    latest = checkpoints.latest_step()
+    if latest is not None:
+      target = state_lib.abstract_state(spec, task.model, optimizer.tx, shardings)
+      state = checkpoints.restore(latest, target, data_iterator=data)
+      say(f"resumed from {checkpoints.directory}/{latest}")
+    else:
+      state = state_lib.init_state(spec, task.model, optimizer.tx, shardings)
+      if task.initial_params is not None:
+        state = state_lib.load_initial_params(state, spec, task.initial_params(), shardings)
+    start = latest or 0
+
+    micro_sharding = {k: jax.sharding.NamedSharding(mesh, s.spec)
+                      for k, s in batch_shardings.items()}
+    constrain_micro = lambda b: jax.lax.with_sharding_constraint(
+        b, {k: micro_sharding[k] for k in b})
+    step_fn = jax.jit(
+        make_train_step(spec, task.loss, optimizer.tx, optimizer.schedule,
+                        config.accum_steps, constrain_micro),
+        in_shardings=(shardings, batch_shardings, replicated),
+        out_shardings=(shardings, replicated), donate_argnums=(0,))
+    rng = jax.random.key(config.seed)
+    config_dict = config.to_dict()
+
+    def evaluate(step: int) -> dict[str, float]:
+      model = spec.merge(state.params, state.frozen, state.others, None)
+      results = {}
+      for evaluator in task.evaluators:
+        for name, value in evaluator.run(model, step):
+          results[f"{evaluator.name}/{name}"] = float(value)
+      return results
+
+    writer = MetricWriter(workdir, resume_step=start, enabled=primary)
+    window = _LogWindow(config.batch_size)
+
+    def log_window(step: int) -> dict[str, float]:
+      metrics = window.flush()
+      writer.write(step, metrics)
+      say(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+      return metrics
+
+    def check_finite(step: int) -> None:
+      bad = int(state.first_nonfinite_step)
+      if bad < 0:
+        return
+      if window:
+        log_window(step)  # The user should see the NaN in metrics.jsonl too.
+      good = checkpoints.latest_step()
+      raise NonFiniteLossError(
+          f"the loss or gradient became NaN/Inf at step {bad + 1}; training stopped at step "
+          f"{step} (that step's update was skipped). Last good checkpoint: "
+          f"{'step ' + str(good) if good is not None else 'none'} in "
+          f"{checkpoints.directory}. Lower optimizer.learning_rate or set "
+          f"optimizer.clip_norm, then rerun to resume from it.")
+
+    def save(step: int, metrics: Mapping[str, float] | None = None) -> None:
+      check_finite(step)
+      checkpoints.save(step, state, data_iterator=data, config=config_dict, metrics=metrics)
+
+    step, last = start, {}
+    try:
+      with _StopSignals() as signals, Progress(
+          "train", total=config.total_steps - start, unit="step", enabled=primary,
+          interval=10.0) as progress:
+        while step < config.total_steps:
+          try:
+            local = next(data)
+          except StopIteration:
+            raise ValueError(f"the training data ran out at step {step} of "
+                             f"{config.total_steps}; repeat it (num_epochs=None)") from None
+          if step == start:
+            _check_local_batch(local, local_batch, task.batch_axes)
+          batch = distributed.global_batch({k: local[k] for k in task.batch_axes},
+                                           batch_shardings)
+          state, metrics = step_fn(state, batch, rng)
+          step += 1
+          window.add(metrics)
+          progress.update()
+
+          if step % config.log_every == 0 or step == config.total_steps:
+            last = log_window(step)
+            check_finite(step)
+
+          results = None
+          final = step == config.total_steps
+          if final or (config.eval_every and step % config.eval_every == 0):
+            if task.evaluators:
+              results = evaluate(step)
+              writer.write(step, results)
+              last.update(results)
+              say(f"eval {step}: " + " ".join(f"{k}={v:.4g}" for k, v in results.items()))
+          if final or step % config.checkpoint_every == 0 or (
+              results and config.best_metric):
+            save(step, results)
+
+          stop = signals.received if processes == 1 else (
+              "preemption" if checkpoints.reached_preemption(step) else None)
+          if stop and not final:
+            save(step)
+            checkpoints.wait()
+            say(f"received {stop} at step {step}: checkpoint saved; rerun the same command "
+                "to resume")
+            return TrainResult("preempted", step, last)
+      checkpoints.wait()
+      return TrainResult("finished", step, last)
+    finally:
+      writer.close()
+      checkpoints.close()

@@ -1,0 +1,95 @@
+"""The one train step: `train_step(state, batch, rng) -> (state, metrics)`, pure and jitted once.
+
+Inside: the step's key is `fold_in(rng, step)`, so the randomness of step s does not depend
+on how the run got there (a resumed run repeats it exactly); gradient accumulation runs the
+micro-batches in a `lax.scan`; a NaN/Inf loss or gradient skips the update and records the
+step, which the loop reports at its next host sync (log or checkpoint steps only).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mocheg_jax.train.state import ModelSpec
+from mocheg_jax.train.state import TrainState
+from mocheg_jax.train.task import Batch
+from mocheg_jax.train.task import Metrics
+
+LossFn = Callable[..., tuple[jax.Array, Metrics]]
+
+
+def split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
+  """[B, ...] -> [accum_steps, B / accum_steps, ...], micro-batch i = rows i::accum_steps.
+
+  Strided rather than contiguous: the batch is sharded in contiguous row blocks, so a
+  contiguous micro-batch would sit on a fraction of the devices while the rest idled.
+  """
+  def split(x):
+    b = x.shape[0]
+    return x.reshape(b // accum_steps, accum_steps, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, accum_steps: int = 1,
+                    constrain_micro: Callable[[Batch], Batch] = lambda b: b,
+                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
+  """The step function (not yet jitted; the loop jits it with shardings and donation).
+
+  Args:
+    spec: rebuilds the model from the state's dicts.
+    loss_fn: the task's `loss(model, batch) -> (loss, metrics)`.
+    tx, schedule: the optimizer and its learning-rate schedule (logged).
+    accum_steps: micro-batches per step.
+    constrain_micro: re-applies the batch sharding to a micro-batch.
+  """
+
+  def micro_loss(params, frozen, others, micro, key):
+    model = spec.merge(params, frozen, others, key)
+    loss, metrics = loss_fn(model, micro)
+    return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def gradients(state: TrainState, batch: Batch, key: jax.Array):
+    if accum_steps == 1:
+      return grad_fn(state.params, state.frozen, state.others, batch, key)
+    micro_batches = split_micro_batches(batch, accum_steps)
+
+    def body(carry, xs):
+      micro, index = xs
+      out = grad_fn(state.params, state.frozen, state.others, constrain_micro(micro),
+                    jax.random.fold_in(key, index))
+      return jax.tree.map(jnp.add, carry, out), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(grad_fn, state.params, state.frozen, state.others,
+                                        first, key))
+    total, _ = jax.lax.scan(body, zeros, (micro_batches, jnp.arange(accum_steps)))
+    return jax.tree.map(lambda x: x / accum_steps, total)
+
+  def train_step(state: TrainState, batch: Batch, rng: jax.Array
+                 ) -> tuple[TrainState, Mapping[str, jax.Array]]:
+    key = jax.random.fold_in(rng, state.step)
+    (loss, metrics), grads = gradients(state, batch, key)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep_if_finite = lambda new, old: jnp.where(finite, new, old)
+    params = jax.tree.map(keep_if_finite, params, state.params)
+    opt_state = jax.tree.map(keep_if_finite, opt_state, state.opt_state)
+    first_bad = jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step,
+                          state.first_nonfinite_step)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              first_nonfinite_step=first_bad)
+    out = {"loss": loss, "grad_norm": grad_norm, "learning_rate": schedule(state.step),
+           **metrics}
+    return new_state, out
+
+  return train_step

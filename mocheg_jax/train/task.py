@@ -1,0 +1,86 @@
+"""What a stage plugs into the shared trainer: a model factory, a loss, data and evaluators.
+
+The trainer owns everything else (mesh, sharding, optimizer, the jitted step, checkpoints,
+metrics), so retrieval, verification and explanation each write a `make_task(config,
+workdir) -> Task` function and no training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+Batch = Mapping[str, Any]
+Metrics = Mapping[str, jax.Array]
+Axes = tuple[str | None, ...]
+
+
+class DataIterator(Protocol):
+  """An iterator of numpy batches whose position can be saved (grain's DatasetIterator)."""
+
+  def __next__(self) -> dict[str, np.ndarray]: ...
+  def get_state(self) -> dict: ...
+  def set_state(self, state: dict) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+  """Runs on the current model every `eval_every` steps and at the end of training.
+
+  `run(model, step)` yields (name, value) pairs (names like "dev/macro_f1"); it runs on every
+  process (it may use collectives), the model in inference mode.
+  """
+  name: str
+  run: Callable[[nnx.Module, int], Iterable[tuple[str, float]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A training stage.
+
+  Attributes:
+    model: builds the model with freshly initialised weights. It must create its own
+      `nnx.Rngs` from a seed (it is traced under `nnx.eval_shape` and under jit).
+    loss: `loss(model, batch) -> (scalar loss, {name: scalar})`, the mean over the
+      (micro-)batch; the model is in training mode (dropout on; its RNG streams are reseeded
+      by the trainer from `fold_in(rng, step)` for every micro-batch).
+    batch_axes: logical axes of every batch field; the leading one is "batch".
+    train_data: `train_data(local_batch_size) -> DataIterator` yielding this process's part
+      of each global batch.
+    evaluators: run every `eval_every` steps and at the end.
+    initial_params: optional; returns a nested dict (any subset of the parameter tree, numpy
+      arrays) that overwrites the random initialisation on a fresh start (pretrained weights).
+  """
+  model: Callable[[], nnx.Module]
+  loss: Callable[[nnx.Module, Batch], tuple[jax.Array, Metrics]]
+  batch_axes: Mapping[str, Axes]
+  train_data: Callable[[int], DataIterator | Iterator]
+  evaluators: Sequence[Evaluator] = ()
+  initial_params: Callable[[], Mapping[str, Any]] | None = None
+
+
+# Short names of the stages' tasks, filled in as the stages arrive.
+REGISTRY: dict[str, str] = {}
+
+
+def resolve(name: str) -> Callable[[ml_collections.ConfigDict, str], Task]:
+  """The `make_task` function named by `config.task` ("module:function" or a short name)."""
+  target = REGISTRY.get(name, name)
+  module_name, sep, attr = target.partition(":")
+  if not sep or not module_name or not attr:
+    known = ", ".join(sorted(REGISTRY)) or "none yet"
+    raise ValueError(f"config.task {name!r} is neither a registered task ({known}) nor "
+                     "'module:function'")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"config.task {name!r}: cannot import {module_name!r} ({e})") from e
+  if not hasattr(module, attr):
+    raise ValueError(f"config.task {name!r}: module {module_name!r} has no {attr!r}")
+  return getattr(module, attr)

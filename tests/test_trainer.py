@@ -1,0 +1,214 @@
+"""The shared trainer on the tests' toy task (tests/toy_task.py), 8 fake CPU devices.
+
+Mesh equivalence, compile-once, NaN handling and accumulation run in this process; resume
+after kill -9 and SIGTERM run scripts/train.py in subprocesses, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from mocheg_jax.train import loop
+from mocheg_jax.train.checkpoint import Checkpointer
+from mocheg_jax.train.writer import read_metrics
+from tests import toy_task
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MESHES = {"data8": (8, 1, 1), "fsdp8": (1, 8, 1), "d2f2t2": (2, 2, 2)}
+
+
+def toy_config(**overrides):
+  config = toy_task.get_config()
+  for key, value in overrides.items():
+    target = config
+    *parents, leaf = key.split(".")
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+def losses(workdir):
+  return [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+
+
+def final_params(workdir):
+  with Checkpointer(os.path.join(workdir, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    return ckpt.restore_params(ckpt.latest_step())
+
+
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("one_device"))
+  config = toy_config(**{"mesh.data": 1})
+  result = loop.train(config, workdir, devices=jax.devices()[:1], log=lambda _: None)
+  return workdir, result
+
+
+def test_toy_task_learns(one_device_run):
+  workdir, result = one_device_run
+  curve = losses(workdir)
+  assert result.status == "finished" and result.step == 20 and len(curve) == 20
+  assert np.mean(curve[-5:]) < np.mean(curve[:5]) - 0.05  # It trains, not just runs.
+  records = read_metrics(workdir)
+  for field in ("learning_rate", "examples_per_s", "step_time_s", "grad_norm"):
+    assert field in records[0]
+  assert any("dev/accuracy" in r for r in records)
+
+
+@pytest.mark.parametrize("name", sorted(MESHES))
+def test_mesh_equivalence_and_compiles_once(name, one_device_run, tmp_path, monkeypatch):
+  data, fsdp, tensor = MESHES[name]
+  traced = []
+
+  def counted(*args, **kwargs):  # The step must be traced exactly once for the whole run.
+    step = original(*args, **kwargs)
+    traced.append(step)
+    return chex.assert_max_traces(step, n=1)
+
+  original = loop.make_train_step
+  monkeypatch.setattr(loop, "make_train_step", counted)
+  chex.clear_trace_counter()
+  config = toy_config(**{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
+                         "eval_every": 10, "checkpoint_every": 5})
+  loop.train(config, str(tmp_path), log=lambda _: None)
+  assert len(traced) == 1
+  expected = losses(one_device_run[0])
+  np.testing.assert_allclose(losses(str(tmp_path)), expected, rtol=1e-5)
+
+
+def test_nan_loss_stops_cleanly(tmp_path):
+  config = toy_config(**{"toy.nan_from_batch": 13, "checkpoint_every": 5, "log_every": 4})
+  with pytest.raises(loop.NonFiniteLossError, match=r"NaN/Inf at step 14.*step 10"):
+    loop.train(config, str(tmp_path), log=lambda _: None)
+  with Checkpointer(os.path.join(tmp_path, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    assert ckpt.latest_step() == 10  # Steps 15 and 20 were never saved.
+    params = ckpt.restore_params(10)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  assert np.isnan(read_metrics(str(tmp_path))[-1]["loss"])  # The window holding step 14.
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+  """Micro-batches average to the full-batch gradient: same curve within float noise."""
+  config = toy_config(**{"total_steps": 6, "accum_steps": 4, "mesh.data": 8})
+  loop.train(config, str(tmp_path / "accum"), log=lambda _: None)
+  config = toy_config(**{"total_steps": 6, "mesh.data": 8})
+  loop.train(config, str(tmp_path / "full"), log=lambda _: None)
+  np.testing.assert_allclose(losses(str(tmp_path / "accum")), losses(str(tmp_path / "full")),
+                             rtol=2e-5)
+
+
+def test_frozen_parameters_do_not_move(tmp_path):
+  config = toy_config(**{"total_steps": 3, "freeze": r"^bert\.embeddings\.",
+                         "checkpoint_every": 1, "keep_checkpoints": 3, "mesh.data": 8})
+  loop.train(config, str(tmp_path), log=lambda _: None)
+  with Checkpointer(os.path.join(tmp_path, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    first, last = ckpt.restore_params(1), ckpt.restore_params(3)
+  assert set(first["frozen"]["bert"]) == {"embeddings"}
+  assert "embeddings" not in first["params"]["bert"]  # No gradient, no optimizer state.
+  jax.tree.map(np.testing.assert_array_equal, first["frozen"], last["frozen"])
+  assert not np.allclose(first["params"]["classifier"]["kernel"],
+                         last["params"]["classifier"]["kernel"])
+
+
+# ---- as a user runs it: scripts/train.py in a subprocess -------------------------------------
+def train_command(workdir, *overrides):
+  return [sys.executable, os.path.join(REPO, "scripts", "train.py"),
+          f"--config={os.path.join(REPO, 'tests', 'toy_task.py')}", f"--workdir={workdir}",
+          *overrides]
+
+
+def subprocess_env():
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  return env
+
+
+def run(workdir, *overrides, timeout=240):
+  done = subprocess.run(train_command(workdir, *overrides), env=subprocess_env(),
+                        capture_output=True, text=True, timeout=timeout)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done
+
+
+def wait_for(predicate, proc, timeout=180):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    if proc.poll() is not None:
+      raise AssertionError(f"exited early: {proc.communicate()[1][-3000:]}")
+    time.sleep(0.1)
+  raise AssertionError("timed out")
+
+
+RESUME_ARGS = ("--config.total_steps=30", "--config.checkpoint_every=10",
+               "--config.async_checkpoints=True", "--config.toy.dropout=0.1",
+               "--config.toy.sleep_s=0.15", "--config.mesh.data=2")
+
+
+def test_resume_after_kill_9_equals_uninterrupted_run(tmp_path):
+  reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")
+  run(reference, *RESUME_ARGS)
+  proc = subprocess.Popen(train_command(killed, *RESUME_ARGS), env=subprocess_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    first = os.path.join(killed, loop.CHECKPOINT_DIR, "10")
+    wait_for(lambda: os.path.isdir(first), proc)
+    time.sleep(0.5)  # Let it run on past the checkpoint, so there is work to lose.
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == -signal.SIGKILL
+  interrupted_at = read_metrics(killed)[-1]["step"]
+  assert 10 <= interrupted_at < 30
+  done = run(killed, *RESUME_ARGS)
+  assert "resumed from" in done.stdout + done.stderr
+  steps = [r["step"] for r in read_metrics(killed) if "loss" in r]
+  assert steps == list(range(1, 31))  # One clean curve: the lost segment was dropped.
+  assert losses(killed) == losses(reference)  # Same data order, same dropout: identical.
+  got, want = final_params(killed), final_params(reference)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
+  workdir = str(tmp_path)
+  proc = subprocess.Popen(train_command(workdir, "--config.total_steps=200",
+                                        "--config.checkpoint_every=1000",
+                                        "--config.toy.sleep_s=0.1"),
+                          env=subprocess_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    wait_for(lambda: os.path.exists(metrics) and len(open(metrics).readlines()) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, err[-3000:]
+  assert "received SIGTERM" in out + err
+  status = json.loads(out.strip().splitlines()[-1])
+  assert status["status"] == "preempted"
+  with Checkpointer(os.path.join(workdir, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    assert ckpt.latest_step() == status["step"] >= 3
+
+
+def test_bad_config_is_one_line_and_exit_1(tmp_path):
+  done = subprocess.run(train_command(str(tmp_path), "--config.accum_steps=5"),
+                        env=subprocess_env(), capture_output=True, text=True, timeout=120)
+  assert done.returncode == 1
+  assert "batch_size 16 is not divisible by config.accum_steps 5" in done.stderr
+  assert "Traceback" not in done.stderr
