@@ -1,0 +1,29 @@
+"""data/prepare.py: a tiny world made ready once, reused on rerun; a bad release named."""
+
+import os
+
+import pytest
+
+from mocheg_jax.data import prepare as prepare_lib
+from mocheg_jax.data import tfds_mocheg
+
+
+def test_prepare_makes_the_tiny_world_once(tmp_path):
+  lines = []
+  data = prepare_lib.prepare(str(tmp_path), scale="tiny", log=lines.append)
+  assert data.release == os.path.join(tmp_path, "release")
+  assert "written to" in lines[0]
+  for folder in (data.wordpiece, data.bpe):
+    assert os.path.exists(os.path.join(folder, prepare_lib.DONE_MARKER))
+  claims = tfds_mocheg.load(data.tfds, "claims").as_data_source()
+  assert len(claims["train"]) > 0 and len(claims["test"]) > 0
+  marker = os.path.join(data.wordpiece, prepare_lib.DONE_MARKER)
+  stamp = os.path.getmtime(marker)
+  again = prepare_lib.prepare(str(tmp_path), scale="tiny", log=lines.append)
+  assert "reused from" in lines[-1]
+  assert again.tfds == data.tfds and os.path.getmtime(marker) == stamp
+
+
+def test_prepare_names_a_missing_release(tmp_path):
+  with pytest.raises(NotADirectoryError, match="no_such_release"):
+    prepare_lib.prepare(str(tmp_path / "out"), release=str(tmp_path / "no_such_release"))
