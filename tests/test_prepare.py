@@ -27,3 +27,14 @@ def test_prepare_makes_the_tiny_world_once(tmp_path):
 def test_prepare_names_a_missing_release(tmp_path):
   with pytest.raises(NotADirectoryError, match="no_such_release"):
     prepare_lib.prepare(str(tmp_path / "out"), release=str(tmp_path / "no_such_release"))
+
+
+def test_training_data_defaults_to_the_tiny_world(tmp_path):
+  from mocheg_jax.train import config as config_lib
+  from mocheg_jax.train.data import prepared_data
+  config = config_lib.base_config()
+  data = prepared_data(config, str(tmp_path), log=lambda _: None)
+  assert data.release == os.path.join(tmp_path, "data", "release")
+  config.data.release = str(tmp_path / "missing")
+  with pytest.raises(NotADirectoryError, match="missing"):
+    prepared_data(config, str(tmp_path / "other"), log=lambda _: None)

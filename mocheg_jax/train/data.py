@@ -1,0 +1,30 @@
+"""The data a stage's task trains on, prepared once per workdir (process 0 first)."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import ml_collections
+
+from mocheg_jax.data import prepare as prepare_lib
+from mocheg_jax.parallel import distributed
+
+DATA_DIR = "data"
+
+
+def prepared_data(config: ml_collections.ConfigDict, workdir: str,
+                  log: Callable[[str], None] = print) -> prepare_lib.PreparedData:
+  """`config.data.release` prepared under WORKDIR/data; without one, the `tiny` world.
+
+  Process 0 prepares while the others wait, then every process opens the finished folder
+  (the workdir is shared storage in multi-host runs, as checkpoints need anyway).
+  """
+  out = os.path.join(workdir, DATA_DIR)
+  kwargs = dict(release=config.data.release or None, scale="tiny", seed=config.seed)
+  if distributed.is_primary():
+    data = prepare_lib.prepare(out, log=log, **kwargs)
+  distributed.sync("prepared_data")
+  if not distributed.is_primary():
+    data = prepare_lib.prepare(out, log=lambda _: None, **kwargs)
+  return data
