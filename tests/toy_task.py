@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from mocheg_jax.models import bert
+from mocheg_jax.parallel import distributed
 from mocheg_jax.train import config as config_lib
 from mocheg_jax.train.task import Evaluator, Task
 
@@ -121,7 +122,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   def accuracy(model, step):
     del step
     predicted = predict(model, eval_batch["input_ids"], eval_batch["attention_mask"])
-    yield "accuracy", float(np.mean(np.asarray(predicted) == eval_batch["label"]))
+    yield "accuracy", float(np.mean(distributed.to_host(predicted) == eval_batch["label"]))
 
   return Task(model=model, loss=loss,
               batch_axes={"input_ids": ("batch", "length"),

@@ -3,7 +3,8 @@
 Every pipeline: eligible records of a split -> this process's shard -> deterministic
 shuffle by seed -> epochs -> per-example transform (random choices seeded by grain from the
 dataset seed and the record index, tokenisation, image decoding: all in grain workers) ->
-fixed-shape numpy batches. The iterator's `get_state()` / `set_state()` let the trainer
+fixed-shape numpy batches (integers int32, claim ids included, as JAX holds them without
+x64). The iterator's `get_state()` / `set_state()` let the trainer
 checkpoint the input position together with the model.
 
 Records a task cannot use (a claim with no relevant sentence for text retrieval, say) are
@@ -137,7 +138,7 @@ def _text_retrieval_example(record: Example, rng: np.random.Generator, *, tokeni
   q_ids, q_mask = _encode(tokenizer_dir, _text(record["claim"]), max_query_len)
   p_ids, p_mask = _encode(tokenizer_dir, positive, max_doc_len)
   n_ids, n_mask = _encode(tokenizer_dir, negative, max_doc_len)
-  return {"claim_id": np.int64(record["claim_id"]), "query_ids": q_ids, "query_mask": q_mask,
+  return {"claim_id": np.int32(record["claim_id"]), "query_ids": q_ids, "query_mask": q_mask,
           "positive_ids": p_ids, "positive_mask": p_mask, "negative_ids": n_ids,
           "negative_mask": n_mask, "has_negative": np.bool_(len(negatives) > 0)}
 
@@ -157,7 +158,7 @@ def _image_retrieval_example(record: Example, rng: np.random.Generator, *, token
   images = record["relevant_image_bytes"]
   q_ids, q_mask = _encode(tokenizer_dir, _text(record["claim"]), max_query_len)
   pixels = decode_image(images[rng.integers(len(images))], image_size)
-  return {"claim_id": np.int64(record["claim_id"]), "query_ids": q_ids, "query_mask": q_mask,
+  return {"claim_id": np.int32(record["claim_id"]), "query_ids": q_ids, "query_mask": q_mask,
           "image": pixels}
 
 
@@ -186,7 +187,7 @@ def _verification_example(record: Example, rng: np.random.Generator, *, tokenize
   for i, data in enumerate(proofs):
     pixels[i] = decode_image(data, image_size)
   return {
-      "claim_id": np.int64(record["claim_id"]), "claim_ids": claim_ids,
+      "claim_id": np.int32(record["claim_id"]), "claim_ids": claim_ids,
       "claim_mask": claim_mask, "evidence_ids": text_ids, "evidence_mask": text_mask,
       "evidence_present": np.arange(max_text_evidence) < len(evidence),
       "images": pixels, "image_present": np.arange(max_images) < len(proofs),
@@ -246,7 +247,7 @@ def _explanation_example(record: Example, rng: np.random.Generator, *, tokenizer
   pad = tokenizer.pad_token_id
   source_ids, source_mask = _pad(source, max_source_len, pad)
   target_ids, target_mask = _pad(target, max_target_len, pad)
-  return {"claim_id": np.int64(record["claim_id"]), "source_ids": source_ids,
+  return {"claim_id": np.int32(record["claim_id"]), "source_ids": source_ids,
           "source_mask": source_mask, "target_ids": target_ids, "target_mask": target_mask,
           "label": np.int32(record["label"])}
 

@@ -183,3 +183,15 @@ def sync(name: str) -> None:
   """Waits until every process reaches the barrier `name` (nothing to wait for alone)."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+def to_host(x: jax.Array | np.ndarray) -> np.ndarray:
+  """The whole array as numpy on every process.
+
+  An evaluator's outputs are sharded like its batch, which in a multi-process run spans
+  devices this process cannot read; gathering is a collective, so every process must call
+  it (evaluators run on every process for that reason).
+  """
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)

@@ -40,7 +40,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer = optim.default_config()
 
   c.data = ml_collections.ConfigDict()
-  c.data.release = ""  # A Mocheg release folder; empty: the tiny synthetic world, made on demand.
+  c.data.release = ""  # A Mocheg release folder; empty: a synthetic world, made on demand,
+  c.data.scale = "tiny"  # of this scale (tiny / small / paper).
   c.data.workers = 0  # grain worker processes for the training input.
 
   c.distributed = ml_collections.ConfigDict()

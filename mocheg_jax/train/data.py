@@ -15,13 +15,14 @@ DATA_DIR = "data"
 
 def prepared_data(config: ml_collections.ConfigDict, workdir: str,
                   log: Callable[[str], None] = print) -> prepare_lib.PreparedData:
-  """`config.data.release` prepared under WORKDIR/data; without one, the `tiny` world.
+  """`config.data.release` prepared under WORKDIR/data; without one, the synthetic world of
+  scale `config.data.scale`.
 
   Process 0 prepares while the others wait, then every process opens the finished folder
   (the workdir is shared storage in multi-host runs, as checkpoints need anyway).
   """
   out = os.path.join(workdir, DATA_DIR)
-  kwargs = dict(release=config.data.release or None, scale="tiny", seed=config.seed)
+  kwargs = dict(release=config.data.release or None, scale=config.data.scale, seed=config.seed)
   if distributed.is_primary():
     data = prepare_lib.prepare(out, log=log, **kwargs)
   distributed.sync("prepared_data")
