@@ -56,6 +56,9 @@ class Task:
     evaluators: run every `eval_every` steps and at the end.
     initial_params: optional; returns a nested dict (any subset of the parameter tree, numpy
       arrays) that overwrites the random initialisation on a fresh start (pretrained weights).
+    inference: optional stage-specific helpers for using the trained model after training
+      (a retriever's query and document encoders, say); scripts reach them through
+      `train.restore.load_trained(workdir).task.inference`.
   """
   model: Callable[[], nnx.Module]
   loss: Callable[[nnx.Module, Batch], tuple[jax.Array, Metrics]]
@@ -63,6 +66,7 @@ class Task:
   train_data: Callable[[int], DataIterator | Iterator]
   evaluators: Sequence[Evaluator] = ()
   initial_params: Callable[[], Mapping[str, Any]] | None = None
+  inference: Any = None
 
 
 # Short names of the stages' tasks, filled in as the stages arrive.

@@ -1,0 +1,70 @@
+"""A trained model back from its training workdir, for indexing, search and evaluation.
+
+The checkpoint holds the config it was trained with, so the task (and with it the model's
+structure, tokenizer and data) is rebuilt from that config, and the saved parameters are
+poured into it. No training state (optimizer, data position) is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+from flax import nnx
+
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.train import task as task_lib
+from mocheg_jax.train.checkpoint import Checkpointer
+from mocheg_jax.train.loop import CHECKPOINT_DIR
+from mocheg_jax.train.state import ModelSpec
+
+WHICH = ("best", "latest")
+
+
+@dataclasses.dataclass
+class Trained:
+  config: ml_collections.ConfigDict
+  task: task_lib.Task
+  model: nnx.Module
+  step: int
+  workdir: str
+
+
+def checkpoint_step(workdir: str, which: str = "best") -> tuple[Checkpointer, int]:
+  """The step to use: the best by the config's metric (falling back to the latest when no
+  step has the metric), or the latest."""
+  if which not in WHICH:
+    raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+  directory = os.path.join(workdir, CHECKPOINT_DIR)
+  if not os.path.isdir(directory):
+    raise MochegInputError(f"{workdir}: not a training workdir (no {CHECKPOINT_DIR}/ folder)")
+  config = None
+  checkpoints = Checkpointer(directory, read_only=True)
+  latest = checkpoints.latest_step()
+  if latest is None:
+    checkpoints.close()
+    raise MochegInputError(f"{directory}: holds no finished checkpoint")
+  if which == "best":
+    config = checkpoints.restore_config(latest)
+    if config.get("best_metric"):
+      checkpoints.close()
+      checkpoints = Checkpointer(directory, read_only=True,
+                                 best_metric=config["best_metric"],
+                                 best_mode=config.get("best_mode", "max"))
+      best = checkpoints.best_step()
+      if best is not None:
+        return checkpoints, best
+  return checkpoints, latest
+
+
+def load_trained(workdir: str, which: str = "best") -> Trained:
+  """The model of `workdir`'s best (or latest) checkpoint, on the default device."""
+  checkpoints, step = checkpoint_step(workdir, which)
+  with checkpoints:
+    config = ml_collections.ConfigDict(checkpoints.restore_config(step))
+    params = checkpoints.restore_params(step)
+  task = task_lib.resolve(config.task)(config, workdir)
+  spec = ModelSpec.of(task.model, config.freeze)
+  model = spec.merge(params["params"], params["frozen"], {}, None)
+  return Trained(config, task, model, step, workdir)
