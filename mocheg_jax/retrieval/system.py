@@ -1,0 +1,143 @@
+"""The retrieval stage as a system: index the KB with a trained encoder, search for claims,
+write the run files and the result CSV that verification and explanation read.
+
+scripts/index.py and scripts/search.py are thin wrappers around these functions, and the
+main job calls them in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.metrics import trec
+from mocheg_jax.retrieval import index as index_lib
+from mocheg_jax.retrieval import results as results_lib
+from mocheg_jax.retrieval import search as search_lib
+from mocheg_jax.train.data import prepared_data
+from mocheg_jax.train.restore import Trained
+
+Run = dict[str, list[tuple[str, float]]]
+
+
+def release_of(trained: Trained, release: str | None = None) -> str:
+  """`release`, or the release the model was trained on."""
+  return release or prepared_data(trained.config, trained.workdir, log=lambda _: None).release
+
+
+def fingerprint(trained: Trained) -> dict:
+  """What identifies the encoder of an index: its training run and checkpoint step."""
+  return {"workdir": os.path.abspath(trained.workdir), "step": int(trained.step),
+          "task": trained.config.task}
+
+
+def _encoders(trained: Trained):
+  encoders = trained.task.inference
+  if encoders is None or not hasattr(encoders, "encode_documents"):
+    raise MochegInputError(f"{trained.workdir}: its task ({trained.config.task}) is not a "
+                           "retriever (it has no document encoder)")
+  return encoders
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  ids: list[str]
+  items: list[str]  # Texts (text KB) or image paths (image KB).
+  texts: dict[str, str]  # Text KB only: corpus_id -> sentence, for the result CSV.
+
+
+def corpus(release: MochegRelease, kind: str) -> Corpus:
+  """The KB side of a modality: every KB sentence, or every KB image the cleaning kept."""
+  if kind == "text":
+    sentences = list(release.iter_sentences())
+    ids = [s.corpus_id for s in sentences]
+    texts = [s.text for s in sentences]
+    return Corpus(ids, texts, dict(zip(ids, texts)))
+  names = release.kb_images(clean=True)
+  return Corpus(names, [release.image_path(n) for n in names], {})
+
+
+def build_index(trained: Trained, release_dir: str, out_dir: str, *, batch_size: int = 4096,
+                shard_size: int = 65536, dtype: str = "float32",
+                progress: bool = True) -> index_lib.IndexManifest:
+  """Encodes the KB of the trained retriever's modality into `out_dir` (resumable)."""
+  encoders = _encoders(trained)
+  kb = corpus(MochegRelease(release_dir), encoders.kind)
+  if not kb.ids:
+    raise MochegInputError(f"{release_dir}: the KB has no {encoders.kind} items to index")
+
+  def encode(rows: Sequence[int]) -> np.ndarray:
+    return _normalized(encoders.encode_documents(trained.model,
+                                                 [kb.items[r] for r in rows]))
+
+  dim = encode([0]).shape[1]
+  return index_lib.encode_to_index(out_dir, kb.ids, encode, kind=encoders.kind, dim=dim,
+                                   encoder=fingerprint(trained), batch_size=batch_size,
+                                   shard_size=shard_size, dtype=dtype, progress=progress)
+
+
+def _normalized(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def open_index(trained: Trained, index_dir: str) -> index_lib.EmbeddingIndex:
+  """The index, checked to have been built by this very encoder and modality."""
+  encoders = _encoders(trained)
+  index = index_lib.EmbeddingIndex.open(index_dir, expect_encoder=fingerprint(trained))
+  if index.manifest.kind != encoders.kind:
+    raise MochegInputError(f"{index_dir}: a {index.manifest.kind} index, but "
+                           f"{trained.workdir} is a {encoders.kind} retriever")
+  return index
+
+
+def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
+                  split: str, k: int,
+                  rerank: Callable[[list[str], Run], Run] | None = None,
+                  candidates: int = 1000) -> Run:
+  """claim_id -> [(doc id, score)] best first, for every claim of `split`.
+
+  With `rerank(claims, run)`, the dense search returns `candidates` per claim and the
+  reranker's order is cut to `k`.
+  """
+  encoders = _encoders(trained)
+  claims = MochegRelease(release_dir).claims(split)
+  if not claims:
+    raise MochegInputError(f"{release_dir}: split {split!r} has no claims")
+  queries = _normalized(encoders.encode_queries(trained.model, [c.claim for c in claims]))
+  depth = max(k, candidates) if rerank is not None else k
+  hits = search_lib.search(queries, index, depth)
+  run = {str(c.claim_id): h for c, h in zip(claims, hits)}
+  if rerank is not None:
+    run = {q: ranked[:k] for q, ranked in rerank([c.claim for c in claims], run).items()}
+  return run
+
+
+def write_outputs(run: Run, kind: str, *, run_path: str | None, results_path: str | None,
+                  release_dir: str, tag: str) -> None:
+  """The TREC run file, and the modality's columns of the result CSV (the other modality's
+  columns, if the file exists, are kept)."""
+  if run_path:
+    os.makedirs(os.path.dirname(os.path.abspath(run_path)), exist_ok=True)
+    trec.write_run(run_path, run, tag)
+  if not results_path:
+    return
+  existing = results_lib.read_results(results_path) if os.path.exists(results_path) else {}
+  texts = corpus(MochegRelease(release_dir), "text").texts if kind == "text" else {}
+  rows = []
+  for claim, ranked in run.items():
+    old = existing.get(int(claim)) or results_lib.RetrievedEvidence(int(claim))
+    ids = tuple(d for d, _ in ranked)
+    scores = tuple(float(s) for _, s in ranked)
+    if kind == "text":
+      rows.append(dataclasses.replace(old, text_ids=ids, texts=tuple(texts[d] for d in ids),
+                                      text_scores=scores))
+    else:
+      rows.append(dataclasses.replace(old, images=ids, image_scores=scores))
+  os.makedirs(os.path.dirname(os.path.abspath(results_path)), exist_ok=True)
+  results_lib.write_results(results_path, rows)

@@ -1,0 +1,61 @@
+r"""Searches the KB index for a split's claims; writes a TREC run and the result CSV.
+
+  python scripts/search.py --index=INDEX_DIR --checkpoint=WORKDIR --split=test --top_k=5 \
+      --run=RUN_FILE [--results=RESULT_CSV] [--release=DIR] \
+      [--rerank_checkpoint=WORKDIR --candidates=1000]
+
+The index must have been built by the same retriever checkpoint (else: an error saying which
+encoder built it). Text: bi-encoder top-`candidates`, reranked by the cross-encoder to
+`top_k` when --rerank_checkpoint is given. Image: top-`top_k`. The result CSV has one row
+per claim (text and image columns; the other modality's columns of an existing file are
+kept), read by verification and explanation as system evidence.
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import app
+from absl import flags
+
+from mocheg_jax.data.mocheg import SPLITS
+from mocheg_jax.retrieval import system
+from mocheg_jax.train.restore import WHICH, load_trained
+from mocheg_jax.utils.cli import friendly_errors
+
+_INDEX = flags.DEFINE_string("index", None, "The index folder (scripts/index.py).",
+                             required=True)
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "The retriever's training workdir.",
+                                  required=True)
+_WHICH = flags.DEFINE_enum("which", "best", WHICH, "Which checkpoint of the workdir.")
+_RELEASE = flags.DEFINE_string("release", None, "The release (default: the training one).")
+_SPLIT = flags.DEFINE_enum("split", "test", list(SPLITS), "Whose claims are searched.")
+_TOP_K = flags.DEFINE_integer("top_k", 5, "Results kept per claim.")
+_RUN = flags.DEFINE_string("run", None, "TREC run file to write.")
+_RESULTS = flags.DEFINE_string("results", None, "Retrieval result CSV to write or update.")
+_RERANK = flags.DEFINE_string("rerank_checkpoint", None,
+                              "A cross-encoder's training workdir (text only).")
+_CANDIDATES = flags.DEFINE_integer("candidates", 1000,
+                                   "Bi-encoder candidates per claim for the reranker.")
+
+
+@friendly_errors
+def main(argv: list[str]) -> None:
+  del argv
+  if not (_RUN.value or _RESULTS.value):
+    raise app.UsageError("give --run and/or --results")
+  trained = load_trained(_CHECKPOINT.value, _WHICH.value)
+  release = system.release_of(trained, _RELEASE.value)
+  index = system.open_index(trained, _INDEX.value)
+  rerank = system.load_reranker(_RERANK.value, index.manifest.kind) if _RERANK.value else None
+  run = system.search_claims(trained, index, release, _SPLIT.value, _TOP_K.value,
+                             rerank=rerank, candidates=_CANDIDATES.value)
+  tag = "rerank" if rerank else "dense"
+  system.write_outputs(run, index.manifest.kind, run_path=_RUN.value,
+                       results_path=_RESULTS.value, release_dir=release, tag=tag)
+  print(json.dumps({"claims": len(run), "kind": index.manifest.kind, "top_k": _TOP_K.value,
+                    "reranked": bool(rerank), "run": _RUN.value, "results": _RESULTS.value}))
+
+
+if __name__ == "__main__":
+  app.run(main)
