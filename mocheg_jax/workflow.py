@@ -1,4 +1,5 @@
-"""The main job: synthetic world -> statistics -> tokenizers -> TFDS -> a batch per task.
+"""The main job: synthetic world -> statistics -> tokenizers -> TFDS -> a batch per task ->
+retrieval (train, index, search, Table 3).
 
 Later stages (training, indexing, verification, explanation, report) extend `run`; each
 step reuses what an earlier run of the same workdir already finished.
@@ -17,6 +18,7 @@ from mocheg_jax.data import pipelines
 from mocheg_jax.data import prepare as prepare_lib
 from mocheg_jax.data import stats as stats_lib
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
+from mocheg_jax.retrieval import stage as retrieval_stage
 
 # Small shapes for the one-batch smoke draw; the stage configs own the real ones.
 DEMO_SHAPES = {
@@ -65,6 +67,9 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
     log(f"{task}: {pipeline.num_records} train records ({pipeline.skipped} skipped: "
         f"{pipeline.skip_reason}); batch {_describe(batch)}")
     summary["batches"][task] = {k: list(v.shape) for k, v in batch.items()}
+
+  summary["retrieval"] = timed("retrieval", lambda: retrieval_stage.run(
+      workdir, scale, seed, log))["rows"]
 
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2, default=list)

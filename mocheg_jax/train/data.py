@@ -15,13 +15,13 @@ DATA_DIR = "data"
 
 def prepared_data(config: ml_collections.ConfigDict, workdir: str,
                   log: Callable[[str], None] = print) -> prepare_lib.PreparedData:
-  """`config.data.release` prepared under WORKDIR/data; without one, the synthetic world of
-  scale `config.data.scale`.
+  """`config.data.release` prepared under `config.data.dir` (default WORKDIR/data); without
+  a release, the synthetic world of scale `config.data.scale`.
 
   Process 0 prepares while the others wait, then every process opens the finished folder
   (the workdir is shared storage in multi-host runs, as checkpoints need anyway).
   """
-  out = os.path.join(workdir, DATA_DIR)
+  out = config.data.dir or os.path.join(workdir, DATA_DIR)
   kwargs = dict(release=config.data.release or None, scale=config.data.scale, seed=config.seed)
   if distributed.is_primary():
     data = prepare_lib.prepare(out, log=log, **kwargs)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
+from flax import traverse_util
 
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.train import task as task_lib
@@ -68,3 +70,19 @@ def load_trained(workdir: str, which: str = "best") -> Trained:
   spec = ModelSpec.of(task.model, config.freeze)
   model = spec.merge(params["params"], params["frozen"], {}, None)
   return Trained(config, task, model, step, workdir)
+
+
+def untrained(config: ml_collections.ConfigDict, workdir: str) -> Trained:
+  """The model a config starts from (its pretrained weights, or its random init), as step
+  0: the zero-shot baseline that fine-tuning is measured against."""
+  task = task_lib.resolve(config.task)(config, workdir)
+  model = task.model()
+  if task.initial_params is not None:
+    params = nnx.state(model, nnx.Param)
+    flat = dict(nnx.to_flat_state(params))
+    for path, value in traverse_util.flatten_dict(dict(task.initial_params())).items():
+      if path not in flat:
+        raise MochegInputError(f"initial parameters name {'.'.join(map(str, path))!r}, "
+                               "which the model does not have")
+      flat[path].set_value(jnp.asarray(value, flat[path].get_value().dtype))
+  return Trained(config, task, model, 0, workdir)
