@@ -1,0 +1,1 @@
+"""Evidence retrieval: BM25 and dense retrievers, corpus search, results and Table 3 evaluation."""
