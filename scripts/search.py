@@ -47,7 +47,8 @@ def main(argv: list[str]) -> None:
   trained = load_trained(_CHECKPOINT.value, _WHICH.value)
   release = system.release_of(trained, _RELEASE.value)
   index = system.open_index(trained, _INDEX.value)
-  rerank = system.load_reranker(_RERANK.value, index.manifest.kind) if _RERANK.value else None
+  rerank = (system.load_reranker(_RERANK.value, index.manifest.kind, release)
+            if _RERANK.value else None)
   run = system.search_claims(trained, index, release, _SPLIT.value, _TOP_K.value,
                              rerank=rerank, candidates=_CANDIDATES.value)
   tag = "rerank" if rerank else "dense"

@@ -118,6 +118,23 @@ def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir
   return run
 
 
+def load_reranker(workdir: str, kind: str, release_dir: str
+                  ) -> Callable[[list[str], Run], Run]:
+  """`rerank(claims, run) -> run` with the cross-encoder trained in `workdir`."""
+  if kind != "text":
+    raise MochegInputError(f"a reranker reorders text evidence, but the index holds {kind}s")
+  from mocheg_jax.retrieval import rerank as rerank_lib  # Only when reranking.
+  reranker = rerank_lib.load_reranker(workdir)
+  texts = corpus(MochegRelease(release_dir), "text").texts
+
+  def rerank(claims: list[str], run: Run) -> Run:
+    keys = list(run)
+    candidates = [[(doc, texts[doc]) for doc, _ in run[key]] for key in keys]
+    return dict(zip(keys, reranker(claims, candidates)))
+
+  return rerank
+
+
 def write_outputs(run: Run, kind: str, *, run_path: str | None, results_path: str | None,
                   release_dir: str, tag: str) -> None:
   """The TREC run file, and the modality's columns of the result CSV (the other modality's
