@@ -1,4 +1,5 @@
 """Sharded streaming top-k search against a numpy brute force, on 8 fake devices and on 1."""
+# pylint: disable=protected-access  (the tests check the two-stage path and the jit cache)
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_cases_cover_both_top_k_paths():
   for n, k, chunk_size in CASES:
     for devices in (1, 8):
       rows = search.chunk_rows(n, chunk_size, devices)
-      paths.add(search._block_size(rows, min(k, rows)) > 0)  # pylint: disable=protected-access
+      paths.add(search._block_size(rows, min(k, rows)) > 0)
   assert paths == {True, False}
 
 
@@ -73,7 +74,7 @@ def test_padding_never_wins_when_every_score_is_negative(mesh_name):
   # One padded chunk, so its top-k is the answer, in the two-stage path.
   mesh = MESHES[mesh_name]()
   rows_per_device = search.chunk_rows(40010, 65536, mesh.devices.size)
-  block = search._block_size(rows_per_device, 12)  # pylint: disable=protected-access
+  block = search._block_size(rows_per_device, 12)
   assert block and 40010 % block
   corpus = np.abs(_normal(40010, 16, 11)) + 0.1
   queries = -np.abs(_normal(6, 16, 12)) - 0.1
@@ -111,7 +112,7 @@ def test_ties_across_blocks_with_different_maxima(mesh_name):
   # first by its maximum.
   mesh = MESHES[mesh_name]()
   n = 16384
-  block = search._block_size(search.chunk_rows(n, n, mesh.devices.size), 2)  # pylint: disable=protected-access
+  block = search._block_size(search.chunk_rows(n, n, mesh.devices.size), 2)
   assert block
   corpus = np.zeros((n, 4), np.float32)
   corpus[7 * block + 3, 0] = 2
@@ -177,11 +178,11 @@ def test_one_program_for_every_chunk():
   corpus, queries = _normal(5000, 16, 9), _normal(20, 16, 10)
   # 5000 rows in chunks of 8 x 128: four full chunks and a padded fifth, 3 query batches.
   search.top_k(queries, corpus, 4, mesh=mesh, chunk_size=1024, query_batch=8)
-  step = search._step_fn(mesh, search.chunk_rows(5000, 1024, 8), 4,  # pylint: disable=protected-access
+  step = search._step_fn(mesh, search.chunk_rows(5000, 1024, 8), 4,
                          jnp.dtype(jnp.float32), False, 0.95)
-  assert step._cache_size() == 1  # pylint: disable=protected-access
+  assert step._cache_size() == 1
   search.top_k(queries[:7], corpus[:3000], 4, mesh=mesh, chunk_size=1024, query_batch=8)
-  assert step._cache_size() == 1  # Another corpus size: the same program.  # pylint: disable=protected-access
+  assert step._cache_size() == 1  # Another corpus size: the same program.
 
 
 def test_bad_arguments():
