@@ -4,7 +4,9 @@ trained end to end that retrieves dev images above chance and above its untraine
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -79,17 +81,26 @@ def test_freeze_counts_and_a_hand_written_regex_do_not_mix():
 
 
 def _clip_folder(path, eos_token_id: int) -> str:
-  """A small CLIP saved as an HF folder, with a WordPiece tokenizer beside it."""
+  """A one-block CLIP saved as an HF folder, with a WordPiece tokenizer beside it."""
   from mocheg_jax.data import tokenizers
   from mocheg_jax.models.hf import clip as hf_clip
   folder = str(path)
   tokenizer = tokenizers.train_wordpiece(["a red flag", "three bridges"] * 5, folder,
                                          vocab_size=60)
   text = dict(SMALL.text.__dict__, vocab_size=len(tokenizer), eos_token_id=eos_token_id,
-              num_hidden_layers=2)
-  config = clip.CLIPConfig(text=clip.CLIPTextConfig(**text), vision=SMALL.vision,
-                           projection_dim=4, logit_scale_init_value=4.6)
-  hf_clip.save(clip.CLIPModel(config, rngs=nnx.Rngs(0)), folder)
+              num_hidden_layers=1)
+  vision = dict(SMALL.vision.__dict__, num_hidden_layers=1)
+  config = clip.CLIPConfig(text=clip.CLIPTextConfig(**text),
+                           vision=clip.CLIPVisionConfig(**vision), projection_dim=4)
+  # Random values poured into the abstract model: no per-op init programs to compile.
+  graphdef, params, rest = nnx.split(
+      nnx.eval_shape(lambda: clip.CLIPModel(config, rngs=nnx.Rngs(0))), nnx.Param, ...)
+  rng = np.random.default_rng(0)
+  values = jax.tree.map(lambda s: rng.normal(0.0, 0.1, s.shape).astype(s.dtype),
+                        params.to_pure_dict())
+  values["logit_scale"] = np.asarray(4.6, np.float32)
+  nnx.replace_by_pure_dict(params, values)
+  hf_clip.save(nnx.merge(graphdef, params, rest), folder)
   return folder
 
 
@@ -105,7 +116,12 @@ def test_a_local_hf_folder_is_the_starting_point(tmp_path):
   np.testing.assert_allclose(float(image_task.clip_source(m, r, "", jnp.float32).weights()[
       "logit_scale"]), 4.6, rtol=1e-6)
 
-  m.init = _clip_folder(tmp_path / "bad", eos_token_id=4)  # Would pool [MASK]: never there.
+  bad = tmp_path / "bad"
+  shutil.copytree(m.init, bad)
+  config = json.loads((bad / "config.json").read_text())
+  config["text_config"]["eos_token_id"] = 4  # Would pool [MASK], which texts never hold.
+  (bad / "config.json").write_text(json.dumps(config))
+  m.init = str(bad)
   with pytest.raises(image_task.MochegInputError, match="pools token id 4"):
     image_task.clip_source(m, r, "unused", jnp.float32)
   m.init = str(tmp_path / "missing")
@@ -174,10 +190,9 @@ def test_tiny_clip_trains_end_to_end(tmp_path):
   config.async_checkpoints = False
   task = image_task.make_task(config, workdir)
   data = os.path.join(workdir, "data")
-  release, tokenizer = os.path.join(data, "release"), os.path.join(data, "tokenizers",
-                                                                       "wordpiece")
-  seen = image_task.dev_evaluator(release, tokenizer, config.retrieval.max_query_len,
-                                  config.retrieval, config.seed, split="train")
+  release = os.path.join(data, "release")
+  seen = image_task.dev_evaluator(release, task.inference, config.retrieval.eval_max_corpus,
+                                  config.seed, split="train")
   before = dict(seen(task.model(), 0))
 
   result = loop.train(config, workdir, log=lambda _: None)

@@ -117,12 +117,13 @@ def test_score_pairs_equals_one_padded_forward(small_cross_encoder):
   model, tokenizer = small_cross_encoder
   rng = np.random.default_rng(0)
   words = "river bridge town salt copper harbour mill king queen blue red photo".split()
-  queries = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(37)]
-  texts = [" ".join(rng.choice(words, rng.integers(0, 40))) for _ in range(37)]
-  # Small batches and chunks: several buckets, chunks and a partial last batch.
-  got = rr.score_pairs(model, tokenizer, queries, texts, max_len=48, batch_size=8,
+  queries = [" ".join(rng.choice(words, rng.integers(1, 8))) for _ in range(21)]
+  texts = [" ".join(rng.choice(words, rng.integers(0, 20))) for _ in range(21)]
+  # Small batches and chunks: several length buckets, chunks, a partial last batch, and
+  # pairs truncated to max_len.
+  got = rr.score_pairs(model, tokenizer, queries, texts, max_len=16, batch_size=4,
                        chunk_batches=2)
-  enc = tokenizer(queries, texts, max_length=48, truncation=True, padding="max_length",
+  enc = tokenizer(queries, texts, max_length=16, truncation=True, padding="max_length",
                   return_tensors="np")
   want = model(jnp.asarray(enc["input_ids"]), jnp.asarray(enc["attention_mask"]),
                jnp.asarray(enc["token_type_ids"]))
@@ -162,21 +163,6 @@ def test_pair_dataset_resumes_from_its_state():
 
 
 # ---- one tiny training run ----------------------------------------------------------------------
-def _random_order_recall(qrels, candidates, k):
-  """Expected recall@k of a uniformly random order of each claim's candidates."""
-  values = []
-  for cid, judged in qrels.items():
-    gold = {d for d, rel in judged.items() if rel > 0}
-    if not gold:
-      continue
-    cands = [d for d, _ in candidates.get(cid, [])]
-    if cands:
-      values.append(len(gold & set(cands)) / len(gold) * min(k, len(cands)) / len(cands))
-    else:
-      values.append(0.0)
-  return float(np.mean(values))
-
-
 def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   from configs import rerank as rerank_configs
   from mocheg_jax.data import prepare
@@ -189,6 +175,7 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   config = rerank_configs.get_config("tiny")
   config.data.dir = data_dir
   config.total_steps = 150
+  config.rerank.max_len = 48  # Cuts a few of tiny's longest pairs (53 tokens); 25% faster.
   config.eval_every = 0
   config.checkpoint_every = 150
   config.async_checkpoints = False
@@ -209,11 +196,14 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   for name in ("recall@5", "ndcg@10"):
     assert metrics[f"dev/before_{name}"] == pytest.approx(expected_before[name])
 
-  # What tiny can show: a 2-layer cross-encoder trained from scratch on 72 claims learns
-  # relevance (its order of the same candidates is far better than a random one, which an
-  # untrained model gives), though not enough to beat BM25's own order (see the report).
-  chance = _random_order_recall(world.dev_qrels, mined["dev"], 5)
-  assert metrics["dev/recall@5"] > 2 * chance, (metrics["dev/recall@5"], chance)
+  # What tiny can show: a 2-layer cross-encoder trained from scratch on 72 claims orders
+  # the candidate list better than BM25 does as a whole (a higher chance that a relevant
+  # candidate outscores an irrelevant one: 0.75 against 0.65 measured; an untrained model
+  # is at 0.5), but its top 5 is not better than BM25's on tiny (recall@5 0.12-0.17
+  # against 0.215; the MiniLM body gets 0.42, see the report).
+  assert metrics["dev/before_auc"] == pytest.approx(rr.candidate_auc(
+      world.dev_qrels, {cid: mined["dev"][cid] for cid in keys}))
+  assert metrics["dev/auc"] > metrics["dev/before_auc"] + 0.03, metrics
 
   # The inference path reproduces the evaluator's figures.
   reranker = rr.load_reranker(workdir)
@@ -224,9 +214,55 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
              for r in ranked)
   again = evaluation.score(world.dev_qrels, dict(zip(keys, ranked)))
   assert again["recall@5"] == pytest.approx(metrics["dev/recall@5"])
+  as_run = reranker.rerank_run([claim for _, claim in world.dev],
+                               {cid: mined["dev"][cid] for cid in keys}, text, top_k=10)
+  assert list(as_run.values()) == ranked
 
   # A resumed run (the task rebuilt in the same workdir) reads the cache: no mining.
   monkeypatch.setattr(rr, "mine", lambda *a, **k: pytest.fail("mined a second time"))
   task = resolve(config.task)(config, workdir)
   batch = next(task.train_data(8))
   assert batch["input_ids"].shape == (8, config.rerank.max_len)
+
+
+def test_candidate_auc():
+  qrels = {"1": {"a": 1, "b": 1}, "2": {"z": 1}, "3": {"c": 1}}
+  run = {"1": [("a", 3.0), ("x", 2.0), ("b", 2.0), ("y", 1.0)],  # 3.5 of 4 pairs
+         "2": [("x", 1.0)],  # No relevant candidate: left out.
+         "3": [("c", 0.0), ("d", 5.0)]}  # 0 of 1.
+  assert rr.candidate_auc(qrels, run) == pytest.approx((3.5 / 4 + 0.0) / 2)
+
+
+def test_init_from_a_local_cross_encoder_folder_and_from_minilm(small_cross_encoder, tmp_path):
+  from mocheg_jax.models.hf import bert as hf_bert
+  model, tokenizer = small_cross_encoder
+  folder = str(tmp_path / "cross")
+  hf_bert.save(model, folder, tokenizer=tokenizer)
+  m = ml_collections.ConfigDict({"init": folder})
+  source = rr.cross_source(m, wordpiece_dir="unused")
+  assert source.has_head and source.tokenizer_dir == folder
+  rebuilt = bert.CrossEncoder(source.config, rngs=nnx.Rngs(7))  # Other random weights.
+  params = nnx.state(rebuilt, nnx.Param)
+  nnx.replace_by_pure_dict(params, source.weights())
+  nnx.update(rebuilt, params)
+  ids = jnp.asarray(tokenizer(["a claim"], ["a sentence"])["input_ids"])
+  np.testing.assert_allclose(rebuilt(ids, jnp.ones_like(ids)), model(ids, jnp.ones_like(ids)),
+                             atol=1e-6)
+
+  minilm = rr.cross_source(ml_collections.ConfigDict({"init": "minilm"}), "unused")
+  assert not minilm.has_head and minilm.config.hidden_size == 384
+  weights = minilm.weights()
+  assert set(weights) == {"bert"} and "pooler" in weights["bert"]  # The head stays fresh.
+
+
+def test_random_mining_hides_every_gold_sentence_among_random_ones():
+  world = _world()
+  world.dev = [("3", "claim three")]
+  world.dev_qrels = {"3": {"s4": 1, "s9": 1, "s10": 0, "gone": 1}}  # "gone" is not in the KB.
+  r = rr.rerank_config()
+  r.retriever, r.eval_candidates = "random", 12
+  mined = rr.mine(r, world, seed=0, log=lambda _: None)
+  assert mined["train"] == {"7": [], "9": []}
+  cands = [d for d, _ in mined["dev"]["3"]]
+  assert len(cands) == 12 == len(set(cands)) and {"s4", "s9"} <= set(cands)
+  assert cands.index("s4") > 0 or cands.index("s9") > 1  # Shuffled, not gold first.

@@ -21,8 +21,9 @@ negatives in all; `pos_weight <= 0` (the default) gives that same balance in one
 n_neg / n_pos of our training pairs, without repeating examples.
 
 Dev: the val claims' top `eval_candidates` from the same first stage are reranked; the
-evaluator reports recall/NDCG/MRR after reranking and, prefixed "before_", of the first
-stage's own order over the same candidates.
+evaluator reports recall/NDCG@k, MRR@10, the un-cut TREC ndcg/map over the candidates and
+`candidate_auc` after reranking and, prefixed "before_", of the first stage's own order of
+the same candidates, plus `candidates_recall` (the ceiling both share).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from flax import nnx
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.tokenizers import load_tokenizer, minilm_dir
+from mocheg_jax.metrics import retrieval as retrieval_metrics
 from mocheg_jax.models import bert
 from mocheg_jax.models import encoding
 from mocheg_jax.models import sentence_transformers as st
@@ -216,11 +218,12 @@ def mine(r: ml_collections.ConfigDict, world: World, seed: int,
     for cid, _ in world.dev:
       rng = np.random.default_rng([seed, int(cid)])
       gold = [d for d, rel in world.dev_qrels[cid].items() if rel > 0 and d in present]
-      others = [world.ids[i] for i in rng.choice(len(world.ids), min(
-          len(world.ids), r.eval_candidates + len(gold)), replace=False)]
-      pool = list(dict.fromkeys(gold + [d for d in others if d not in gold]))
-      pool = [pool[i] for i in rng.permutation(len(pool))][:r.eval_candidates]
-      dev[cid] = [[d, float(-rank)] for rank, d in enumerate(pool)]
+      gold = gold[:r.eval_candidates]
+      draws = rng.choice(len(world.ids), min(len(world.ids), r.eval_candidates + len(gold)),
+                         replace=False)
+      others = [d for d in (world.ids[i] for i in draws) if d not in gold]
+      pool = gold + others[:r.eval_candidates - len(gold)]
+      dev[cid] = [[pool[i], float(-rank)] for rank, i in enumerate(rng.permutation(len(pool)))]
     return {"train": {cid: [] for cid, _, _ in world.train}, "dev": dev,
             "retriever_step": None}
   queries = {"t" + cid: claim for cid, claim, _ in world.train}
@@ -454,6 +457,19 @@ class Reranker:
     return rerank(self.model, self.tokenizer, claims, candidates, top_k=top_k,
                   max_len=self.max_len, batch_size=batch_size)
 
+  def rerank_run(self, claims: Sequence[str], run: Mapping[str, Ranked],
+                 texts: Mapping[str, str], top_k: int | None = None) -> dict[str, Ranked]:
+    """A first-stage run (claim key -> [(id, score)], keys in `claims`' order) reranked;
+    `texts` maps document ids to their text."""
+    keys = list(run)
+    if len(keys) != len(claims):
+      raise ValueError(f"{len(claims)} claims but the run has {len(keys)} queries")
+    missing = next((d for k in keys for d, _ in run[k] if d not in texts), None)
+    if missing is not None:
+      raise MochegInputError(f"the run names document {missing!r}, which has no text")
+    ranked = self(claims, [[(d, texts[d]) for d, _ in run[k]] for k in keys], top_k)
+    return dict(zip(keys, ranked))
+
 
 def load_reranker(workdir: str, which: str = "best") -> Reranker:
   """The reranker of a training workdir (no mining: that happens only when training)."""
@@ -465,6 +481,35 @@ def load_reranker(workdir: str, which: str = "best") -> Reranker:
   data = prepared_data(trained.config, workdir, log=lambda _: None)
   tokenizer = load_tokenizer(tokenizer_dir(trained.config.model, data.wordpiece))
   return Reranker(trained.model, tokenizer, trained.config.rerank.max_len, trained.step)
+
+
+# ---- dev figures ---------------------------------------------------------------------------
+def candidate_auc(qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Ranked]) -> float:
+  """Mean over claims of P(a relevant candidate outscores an irrelevant one), ties half.
+
+  A whole-list measure: it sees a reordering anywhere in the candidates, where recall@5
+  sees only the head. Claims whose candidates are all relevant or all not are left out.
+  """
+  values = []
+  for cid, ranked in run.items():
+    gold = {d for d, rel in qrels.get(cid, {}).items() if rel > 0}
+    labels = np.asarray([d in gold for d, _ in ranked], bool)
+    if labels.all() or not labels.any():
+      continue
+    scores = np.asarray([s for _, s in ranked], np.float64)
+    pos, neg = scores[labels][:, None], scores[~labels][None, :]
+    values.append(float(np.mean((pos > neg) + 0.5 * (pos == neg))))
+  return float(np.mean(values)) if values else float("nan")
+
+
+def candidate_scores(qrels: Mapping[str, Mapping[str, int]],
+                     run: Mapping[str, Ranked]) -> dict[str, float]:
+  """The dev figures of one ordering of the candidates: recall/NDCG@5,10, MRR@10, the
+  un-cut TREC ndcg and map over the candidate list, and `candidate_auc`."""
+  out = evaluation.score(qrels, run)
+  full = retrieval_metrics.evaluate_run(qrels, run, ks=evaluation.EVAL_KS)
+  out.update(ndcg=full["ndcg"], map=full["map"], auc=candidate_auc(qrels, run))
+  return out
 
 
 # ---- the task -------------------------------------------------------------------------------
@@ -518,21 +563,27 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
                              local_batch, config.seed, config.data.workers))
 
   tokenizer = load_tokenizer(source.tokenizer_dir)
-  before: dict[str, float] = {}
+
+  @functools.cache
+  def dev_set() -> tuple[list[str], dict[str, Ranked], list[list[tuple[str, str]]],
+                         dict[str, float]]:
+    """Dev claims, first-stage runs, candidates with texts, and the "before" figures."""
+    w, dev = world(), mined()["dev"]
+    text = dict(zip(w.ids, w.texts))
+    first_stage = {cid: [(d, s) for d, s in dev[cid]] for cid, _ in w.dev}
+    candidates = [[(d, text[d]) for d, _ in first_stage[cid]] for cid, _ in w.dev]
+    before = {f"before_{k}": v for k, v in candidate_scores(w.dev_qrels, first_stage).items()}
+    before["candidates_recall"] = retrieval_metrics.evaluate_run(
+        w.dev_qrels, first_stage, ks=(r.eval_candidates,))[f"R@{r.eval_candidates}"]
+    return [claim for _, claim in w.dev], first_stage, candidates, before
 
   def evaluate(model: bert.CrossEncoder, step: int):
     del step
-    w, dev = world(), mined()["dev"]
-    text = dict(zip(w.ids, w.texts))
-    keys = [cid for cid, _ in w.dev]
-    first_stage = {cid: [(d, s) for d, s in dev[cid]] for cid in keys}
-    if not before:
-      before.update(evaluation.score(w.dev_qrels, first_stage))
-    ranked = rerank(model, tokenizer, [claim for _, claim in w.dev],
-                    [[(d, text[d]) for d, _ in first_stage[cid]] for cid in keys],
-                    max_len=r.max_len, batch_size=r.eval_batch_size)
-    yield from evaluation.score(w.dev_qrels, dict(zip(keys, ranked))).items()
-    yield from ((f"before_{name}", value) for name, value in before.items())
+    claims, first_stage, candidates, before = dev_set()
+    ranked = rerank(model, tokenizer, claims, candidates, max_len=r.max_len,
+                    batch_size=r.eval_batch_size)
+    yield from candidate_scores(world().dev_qrels, dict(zip(first_stage, ranked))).items()
+    yield from before.items()
 
   return Task(model=model, loss=loss,
               batch_axes={"input_ids": ("batch", "length"),
