@@ -198,3 +198,13 @@ def test_bad_arguments():
     search.top_k(queries[:1], corpus, 0)
   with pytest.raises(ValueError, match=r"searching an array needs its ids"):
     search.search(queries[:1], corpus, 3)
+
+
+def test_inside_another_mesh_context():
+  """An evaluator runs inside the trainer's mesh (here two of the eight devices); the search
+  uses its own mesh over every device and must not clash with the caller's."""
+  corpus, queries = _normal(300, 16, 4), _normal(5, 16, 5)
+  trainer_mesh = mesh_lib.make_mesh(mesh_lib.default_config(), jax.devices()[:2])
+  with jax.set_mesh(trainer_mesh):
+    _, rows = search.top_k(queries, corpus, 6)
+  np.testing.assert_array_equal(rows, _brute_force(queries, corpus, 6)[1])

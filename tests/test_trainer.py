@@ -18,7 +18,11 @@ import jax
 import numpy as np
 import pytest
 
+from flax import nnx
+from flax import traverse_util
+
 from mocheg_jax.train import loop
+from mocheg_jax.train import restore
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.writer import read_metrics
 from tests import toy_task
@@ -64,6 +68,28 @@ def test_toy_task_learns(one_device_run):
   for field in ("learning_rate", "examples_per_s", "step_time_s", "grad_norm"):
     assert field in records[0]
   assert any("dev/accuracy" in r for r in records)
+
+
+def test_load_trained_gives_the_checkpointed_weights(one_device_run):
+  workdir, _ = one_device_run
+  trained = restore.load_trained(workdir, "latest")
+  assert trained.step == 20
+  flat = lambda tree: {tuple(map(str, path)): value
+                       for path, value in traverse_util.flatten_dict(tree).items()}
+  ours = flat(nnx.to_pure_dict(nnx.state(trained.model, nnx.Param)))
+  saved = flat(final_params(workdir)["params"])
+  assert ours.keys() == saved.keys()
+  for path, value in saved.items():
+    np.testing.assert_array_equal(ours[path], value, err_msg=str(path))
+
+
+def test_a_config_saved_before_a_field_existed_gets_its_default():
+  saved = toy_config().to_dict()
+  del saved["data"]["dir"]  # Checkpoints written before `data.dir` existed.
+  saved["data"]["scale"] = "small"
+  config = restore.saved_config(saved)
+  assert config.data.dir == "" and config.data.scale == "small"
+  assert config.task == saved["task"] and config.toy.to_dict() == saved["toy"]
 
 
 @pytest.mark.parametrize("name", sorted(MESHES))

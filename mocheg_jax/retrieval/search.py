@@ -225,7 +225,11 @@ def top_k(queries: np.ndarray, index: EmbeddingIndex | np.ndarray, k: int, *,
   n_dev = jax.device_put(np.int32(n), replicated)
   size = rows * devices
   previous = None
-  with Progress("searching", total=n, unit="rows", enabled=progress) as bar:
+  # The search's own mesh is the context mesh while it runs: a caller inside another mesh
+  # (an evaluator in the trainer's loop, on a subset of the devices) would otherwise clash
+  # with shard_map's.
+  with jax.set_mesh(mesh), Progress("searching", total=n, unit="rows",
+                                    enabled=progress) as bar:
     for start, chunk in _chunks(index, size):
       c_dev = jax.device_put(chunk, split)
       first = jax.device_put(np.int32(start), replicated)

@@ -16,6 +16,7 @@ from flax import nnx
 from flax import traverse_util
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.train import config as config_lib
 from mocheg_jax.train import task as task_lib
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.loop import CHECKPOINT_DIR
@@ -60,11 +61,26 @@ def checkpoint_step(workdir: str, which: str = "best") -> tuple[Checkpointer, in
   return checkpoints, latest
 
 
+def _merged(defaults: dict, saved: dict) -> dict:
+  out = dict(defaults)
+  for key, value in saved.items():
+    if isinstance(value, dict) and isinstance(out.get(key), dict):
+      value = _merged(out[key], value)
+    out[key] = value
+  return out
+
+
+def saved_config(saved: dict) -> ml_collections.ConfigDict:
+  """A checkpoint's config with the trainer's current defaults under it, so a checkpoint
+  written before a field existed (e.g. `data.dir`) still loads."""
+  return ml_collections.ConfigDict(_merged(config_lib.base_config().to_dict(), saved))
+
+
 def load_trained(workdir: str, which: str = "best") -> Trained:
   """The model of `workdir`'s best (or latest) checkpoint, on the default device."""
   checkpoints, step = checkpoint_step(workdir, which)
   with checkpoints:
-    config = ml_collections.ConfigDict(checkpoints.restore_config(step))
+    config = saved_config(checkpoints.restore_config(step))
     params = checkpoints.restore_params(step)
   task = task_lib.resolve(config.task)(config, workdir)
   spec = ModelSpec.of(task.model, config.freeze)
