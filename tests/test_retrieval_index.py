@@ -167,8 +167,8 @@ def test_open_errors_name_the_file(tmp_path):
 
 def test_open_refuses_another_encoder_or_dim(tmp_path):
   _finished(tmp_path)
-  with pytest.raises(MochegInputError, match=r"index built with \{.*'step': 100\}, searching "
-                     r"with \{.*'step': 5\}"):
+  with pytest.raises(MochegInputError, match=r"built by another encoder \(\{.*'step': 100\}\); "
+                     r"this search encodes with \{.*'step': 5\}"):
     index_lib.EmbeddingIndex.open(tmp_path, expect_encoder={**ENCODER, "step": 5})
   with pytest.raises(MochegInputError, match=r"holds 8-d embeddings, but the encoder gives "
                      "384-d"):

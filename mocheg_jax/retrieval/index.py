@@ -370,8 +370,9 @@ class EmbeddingIndex:
     if expect_encoder is not None:
       expected = json.loads(json.dumps(expect_encoder))
       if manifest.encoder != expected:
-        raise MochegInputError(f"{manifest_path}: index built with {manifest.encoder}, "
-                               f"searching with {expected}")
+        raise MochegInputError(f"{manifest_path}: the index was built by another encoder "
+                               f"({manifest.encoder}); this search encodes with {expected} "
+                               "(index the KB with it first: scripts/index.py)")
     ids: list[str] = []
     shards: list[_Shard] = []
     seen: dict[str, int] = {}

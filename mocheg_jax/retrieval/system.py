@@ -96,6 +96,20 @@ def open_index(trained: Trained, index_dir: str) -> index_lib.EmbeddingIndex:
   return index
 
 
+def check_index_covers_kb(index: index_lib.EmbeddingIndex, kb: Corpus, release_dir: str
+                          ) -> None:
+  """An index holds exactly the release's KB items of its modality (else it was built from
+  another release, or the KB changed since)."""
+  ids, known = set(index.ids), set(kb.ids)
+  foreign, missing = ids - known, known - ids
+  if foreign or missing:
+    example = sorted(foreign or missing)[0]
+    raise MochegInputError(
+        f"{index.dir}: the index does not match the {index.manifest.kind} KB of "
+        f"{release_dir}: {len(foreign)} indexed ids are not in the KB and {len(missing)} KB "
+        f"items are not indexed (e.g. {example}); was it built from another release?")
+
+
 def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
                   split: str, k: int,
                   rerank: Callable[[list[str], Run], Run] | None = None,
@@ -106,7 +120,9 @@ def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir
   reranker's order is cut to `k`.
   """
   encoders = _encoders(trained)
-  claims = MochegRelease(release_dir).claims(split)
+  release = MochegRelease(release_dir)
+  check_index_covers_kb(index, corpus(release, index.manifest.kind), release_dir)
+  claims = release.claims(split)
   if not claims:
     raise MochegInputError(f"{release_dir}: split {split!r} has no claims")
   queries = _normalized(encoders.encode_queries(trained.model, [c.claim for c in claims]))
