@@ -1,0 +1,294 @@
+"""The Mocheg claim-verification ("stance detection") model, batched, and its loss.
+
+What the reference does (VT-NLP/Mocheg at 45064e3, read for this module):
+* The paper's model is `BertMultiwayMatch2` in verification/util/stance_detect.py (l. 186-222;
+  its parent `BertMultiwayMatch`, l. 100-165), chosen by model_type
+  `CLAIM_TEXT_IMAGE_attention_5_4` (verification/util/enums.py: stance_layer "5"; the
+  default of verify.py l. 89 and the README's commands).
+* Cross-attention (l. 110-111, 125-133): two `nn.MultiheadAttention(512, 1, kdim, vdim,
+  batch_first=True)`, one for text evidence (kdim = vdim = 512) and one for images
+  (kdim = vdim = 768). There is no separate Linear on image tokens: the attention's own k/v
+  in-projections map 768 -> 512. q/k/v/out projections all have biases, one head, no
+  attention dropout (MHA default 0). Query = the claim tokens repeated once per evidence
+  item (`repeat_claim_in_evidence_shape`, l. 177); key/value = the item's tokens;
+  key_padding_mask = ~evidence_mask (text: the CLIP attention mask; images: all ones).
+* Fusion (l. 195-202): [m - c ; m * c] -> `linear_fuse_p` Linear(1024 -> 512) ->
+  F.leaky_relu (slope 0.01) -> `gen_max` (l. 145-152): padded claim tokens filled with
+  -10000, max over claim tokens -> [items, 512] -> mean over the items -> [1, 512].
+  `linear_fuse_p` is ONE layer shared by the text and the image branch.
+* Classifier (l. 207-222): the text stance and the image stance are concatenated (text
+  first) -> `classifier` Linear(1024 -> 3). When only one 512-d stance exists it goes
+  through a second layer, `classifier_text` Linear(512 -> 3), whichever modality it is.
+  No dropout anywhere in this model.
+* Missing modalities (verification/model.py l. 132-175, 178-182, 211-216): a claim without
+  images (`has_image` False) skips the image branch and is classified by
+  `classifier_text(text stance)`. A claim with zero text items is not guarded: the mean over
+  an empty item axis is NaN and so are its logits. With neither evidence type the Verifier
+  uses a claim-only layer (not part of this model).
+* Inputs (model.py l. 156-173): CLIP ViT-B/32 frozen; text tokens = the text tower's
+  last_hidden_state (after its final layer norm); image tokens = the vision
+  last_hidden_state without CLS (49 x 768, before post_layernorm). The claim and its text
+  items (nltk sentences of the evidence, data_util.py l. 178) are tokenized together, padded
+  to the longest, max 77 tokens. Quirk: only when the claim has no image does the reference
+  drop the first (BOS) token of the claim and of every text item (model.py l. 166-167); with
+  images it keeps it. Which tokens to feed is the data pipeline's choice, not this module's.
+* One claim per step (constants.py BATCH_SIZE = 1) with gradient accumulation over
+  `batch_size` claims; loss `nn.CrossEntropyLoss(weight=w)` (train_verify.py l. 189) with
+  w_c = C n_c^-p / sum_j n_j^-p (data_util.py l. 103-107), p = --loss_weight_power (2).
+  NOTE: with one claim per batch torch's weighted mean is w_y nll / w_y = nll, so in the
+  reference the class weights cancel and training is effectively unweighted. Our batched
+  `weighted_cross_entropy` is torch's weighted mean over a real batch, so the weights act.
+
+Our module (batched over claims, padded item lists, masks; no Python loop over claims or
+items; one set of shapes per jit):
+* Same parameters and arithmetic as the reference; `heads` generalises the single head.
+* Item presence: a text item is present iff any of its tokens is; `image_mask` may be
+  [B, Ni] (item presence; all 49 patches attended, as the reference) or [B, Ni, P].
+* A modality with zero items for a claim has stance vector 0 and is flagged absent.
+  missing_modality="reference" (default, reproduces the reference): claims with both
+  modalities use `classifier`; claims with exactly one use `classifier_single` (the
+  reference's `classifier_text`) on that modality's stance (for "no image" this is exactly
+  the reference; for "no text" the reference gives NaN and we extend its one-modality rule);
+  claims with none get classifier_single(0) = its bias. missing_modality="zeros": always
+  `classifier([s_text ; s_image])` with zeros for an absent modality (one classifier).
+  Never NaN: absent items attend to all their (padding) keys and are then excluded with
+  `where`, so no softmax row is empty and no gradient is 0 * inf.
+* A claim with no real claim tokens gets 0 per item instead of the reference's -10000.
+* use_text / use_image switch a modality off entirely; then `classifier` is hidden -> C
+  (the reference's `classifier_text`) and there is no `classifier_single`.
+* `dropout` (on the stance vector before the classifier) and `attention_dropout` default
+  to 0, as the reference.
+
+Logical axes: only the shared names ("embed", "mlp", "heads", "kv", "classes", "batch",
+"length"); the item axis is folded into "batch" inside the module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from mocheg_jax.models import layers
+
+Dtype = Any
+
+LEAKY_RELU_SLOPE = 0.01  # F.leaky_relu's default, as the reference.
+MISSING_MODALITY_MODES = ("reference", "zeros")
+
+
+@dataclasses.dataclass(frozen=True)
+class StanceConfig:
+  """Sizes and switches of `StanceDetector` (defaults: the paper, CLIP ViT-B/32)."""
+  text_dim: int = 512  # CLIP text hidden size; the claim is text, so also the query size.
+  image_dim: int = 768  # CLIP vision hidden size.
+  hidden: int = 512  # Output of the fusion layer (the stance vector size).
+  heads: int = 1
+  num_classes: int = 3
+  dropout: float = 0.0  # On the stance vector, before the classifier.
+  attention_dropout: float = 0.0
+  use_text: bool = True
+  use_image: bool = True
+  missing_modality: str = "reference"
+  leaky_relu_slope: float = LEAKY_RELU_SLOPE
+
+  def __post_init__(self):
+    if not (self.use_text or self.use_image):
+      raise ValueError("StanceConfig needs use_text or use_image (the claim-only model is "
+                       "a different module)")
+    for name in ("text_dim", "image_dim", "hidden", "heads", "num_classes"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"StanceConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.text_dim % self.heads:
+      raise ValueError(f"text_dim {self.text_dim} is not a multiple of heads {self.heads}")
+    for name in ("dropout", "attention_dropout"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"StanceConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+    if self.missing_modality not in MISSING_MODALITY_MODES:
+      raise ValueError(f"unknown missing_modality {self.missing_modality!r}; expected one "
+                       f"of {MISSING_MODALITY_MODES}")
+
+  @property
+  def num_modalities(self) -> int:
+    return int(self.use_text) + int(self.use_image)
+
+
+def _check(name: str, x: jax.Array, ndim: int | Sequence[int], last: int | None = None,
+           lead: tuple[int, ...] = ()):
+  """x has one of `ndim` dims, feature size `last` and leading dims `lead`."""
+  ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+  if x.ndim not in ndims:
+    raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dims, got shape "
+                     f"{tuple(x.shape)}")
+  if last is not None and x.shape[-1] != last:
+    raise ValueError(f"{name} has feature size {x.shape[-1]}, the config says {last}")
+  if tuple(x.shape[:len(lead)]) != tuple(lead):
+    raise ValueError(f"{name} has shape {tuple(x.shape)}; its leading dims must be {lead}")
+
+
+class StanceDetector(nnx.Module):
+  """Claim tokens x evidence tokens -> 3 logits (see the module docstring).
+
+  Parameters: `text_attention`, `image_attention` (layers.Attention, query size text_dim,
+  key/value size text_dim / image_dim), `fuse` (2 text_dim -> hidden, shared by both
+  modalities), `classifier` (num_modalities * hidden -> classes) and, with both modalities
+  and missing_modality="reference", `classifier_single` (hidden -> classes).
+  """
+
+  def __init__(self, config: StanceConfig, *, dtype: Dtype = None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    self.config = config
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    attn = dict(dropout_rate=config.attention_dropout, **kw)
+    self.text_attention = (layers.Attention(config.text_dim, config.heads,
+                                            kv_features=config.text_dim, **attn)
+                           if config.use_text else None)
+    self.image_attention = (layers.Attention(config.text_dim, config.heads,
+                                             kv_features=config.image_dim, **attn)
+                            if config.use_image else None)
+    self.fuse = layers.Dense(2 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
+    self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
+                                   ("mlp", "classes"), **kw)
+    self.classifier_single = (
+        layers.Dense(config.hidden, config.num_classes, ("mlp", "classes"), **kw)
+        if config.num_modalities == 2 and config.missing_modality == "reference" else None)
+    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+
+  def _stance(self, attn: layers.Attention, claim: jax.Array, claim_mask: jax.Array,
+              evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
+              deterministic: bool) -> tuple[jax.Array, jax.Array]:
+    """One modality's stance vector [B, hidden] and whether it has any item [B].
+
+    claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
+    bool, present [B, N] bool.
+    """
+    b, n, length, e = evidence.shape
+    lc, dt = claim.shape[1], claim.shape[2]
+    # The claim's query projection is computed once and shared by its N items.
+    q = attn.query(claim)  # [B, Lc, H, D]
+    q = jnp.broadcast_to(q[:, None], (b, n, *q.shape[1:])).reshape(b * n, *q.shape[1:])
+    q = layers.constrain(q, ("batch", "length", "heads", "kv"))
+    k, v = attn.project_kv(evidence.reshape(b * n, length, e))  # [B*N, L, H, D]
+    # Absent items attend to all their keys (padding): no softmax row is fully masked, so
+    # nothing is NaN; their outputs are dropped below.
+    keys = (key_mask | ~present[..., None]).reshape(b * n, length)
+    dropout_rng = None
+    if not deterministic and attn.dropout_rate > 0:
+      dropout_rng = attn.rngs.dropout()
+    y = layers.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                     mask=layers.padding_mask(keys),
+                                     dropout_rate=attn.dropout_rate, dropout_rng=dropout_rng,
+                                     deterministic=deterministic)
+    m = attn.out(y).reshape(b, n, lc, dt)  # [B, N, Lc, Dt]
+    c = claim[:, None].astype(m.dtype)  # [B, 1, Lc, Dt]
+    h = self.fuse(jnp.concatenate([m - c, m * c], axis=-1))  # [B, N, Lc, hidden]
+    h = jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
+    # Max over the real claim tokens (the reference fills padding with -10000).
+    h = jnp.where(claim_mask[:, None, :, None], h, jnp.finfo(h.dtype).min)
+    h = h.max(axis=2)  # [B, N, hidden]
+    h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0)
+    # Mean over the present items; 0 when there are none.
+    h = jnp.where(present[..., None], h.astype(jnp.float32), 0.0)
+    count = present.sum(-1)  # [B]
+    stance = h.sum(1) / jnp.maximum(count, 1)[:, None].astype(jnp.float32)
+    return layers.constrain(stance, ("batch", "mlp")), count > 0
+
+  def __call__(self, claim: jax.Array, claim_mask: jax.Array,
+               text: jax.Array | None = None, text_mask: jax.Array | None = None,
+               image: jax.Array | None = None, image_mask: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    """Logits [B, num_classes] (float32).
+
+    Args:
+      claim: [B, Lc, text_dim] claim token states; claim_mask: [B, Lc] (bool or 0/1).
+      text: [B, Nt, Lt, text_dim] text-evidence token states; text_mask: [B, Nt, Lt]. An
+        item is present iff any of its tokens is. Needed iff config.use_text.
+      image: [B, Ni, P, image_dim] patch states; image_mask: [B, Ni] (item presence, every
+        patch attended) or [B, Ni, P] (present iff any patch is). Needed iff use_image.
+      deterministic: False turns dropout on (needs a "dropout" rng stream).
+    """
+    cfg = self.config
+    # Every shape is checked before any compute, so a bad batch fails fast and clearly.
+    _check("claim", claim, 3, cfg.text_dim)
+    _check("claim_mask", claim_mask, 2, lead=claim.shape[:2])
+    if cfg.use_text:
+      if text is None or text_mask is None:
+        raise ValueError("use_text=True needs text and text_mask")
+      _check("text", text, 4, cfg.text_dim, lead=claim.shape[:1])
+      _check("text_mask", text_mask, 3, lead=text.shape[:3])
+    if cfg.use_image:
+      if image is None or image_mask is None:
+        raise ValueError("use_image=True needs image and image_mask")
+      _check("image", image, 4, cfg.image_dim, lead=claim.shape[:1])
+      _check("image_mask", image_mask, (2, 3), lead=image.shape[:image_mask.ndim])
+    claim_mask = claim_mask.astype(bool)
+    stances, presents = [], []
+    if cfg.use_text:
+      text_mask = text_mask.astype(bool)
+      s, p = self._stance(self.text_attention, claim, claim_mask, text, text_mask,
+                          text_mask.any(-1), deterministic)
+      stances.append(s)
+      presents.append(p)
+    if cfg.use_image:
+      image_mask = image_mask.astype(bool)
+      if image_mask.ndim == 2:
+        present, keys = image_mask, jnp.ones(image.shape[:3], bool)
+      else:
+        present, keys = image_mask.any(-1), image_mask
+      s, p = self._stance(self.image_attention, claim, claim_mask, image, keys, present,
+                          deterministic)
+      stances.append(s)
+      presents.append(p)
+
+    def classify(layer: layers.Dense, x: jax.Array) -> jax.Array:
+      return layer(self.dropout(x, deterministic=deterministic)).astype(jnp.float32)
+
+    logits = classify(self.classifier, jnp.concatenate(stances, axis=-1))
+    if self.classifier_single is not None:
+      (s_text, s_image), (p_text, p_image) = stances, presents
+      single = classify(self.classifier_single,
+                        jnp.where(p_text[:, None], s_text, s_image))
+      logits = jnp.where((p_text & p_image)[:, None], logits, single)
+    return layers.constrain(logits, ("batch", "classes"))  # [B, C]
+
+
+def class_weights(counts: Sequence[int] | np.ndarray, p: float = 2.0) -> np.ndarray:
+  """w_c = C n_c^-p / sum_j n_j^-p from per-class training counts (float32, sums to C).
+
+  The reference's get_loss_weight_fun1 (verification/util/data_util.py) with C classes.
+
+  Raises:
+    ValueError: counts not a non-empty 1-D sequence, or a class with no examples (its
+      weight would be infinite).
+  """
+  n = np.asarray(counts, dtype=np.float64)
+  if n.ndim != 1 or n.size == 0:
+    raise ValueError(f"class counts must be a non-empty 1-D sequence, got shape {n.shape}")
+  bad = [i for i, c in enumerate(n) if not np.isfinite(c) or c <= 0]
+  if bad:
+    raise ValueError(f"class counts must be positive; class {bad[0]} has {n[bad[0]]}")
+  w = n ** -float(p)
+  return (n.size * w / w.sum()).astype(np.float32)
+
+
+def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array,
+                           mask: jax.Array | None = None) -> jax.Array:
+  """torch F.cross_entropy(logits, labels, weight=weights): sum w_y nll / sum w_y.
+
+  Args:
+    logits: [B, C]; labels: [B] int; weights: [C].
+    mask: optional [B] (bool or 0/1): claims to count (padding rows of a fixed-shape batch
+      are 0). A batch with no weight at all gives 0, not NaN.
+  """
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  labels = labels.astype(jnp.int32)
+  nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]  # [B]
+  w = jnp.asarray(weights, jnp.float32)[labels]
+  if mask is not None:
+    w = w * mask.astype(jnp.float32)
+  total = w.sum()
+  return jnp.where(total > 0, (w * nll).sum() / jnp.where(total > 0, total, 1.0), 0.0)
