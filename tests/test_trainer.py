@@ -92,6 +92,28 @@ def test_a_config_saved_before_a_field_existed_gets_its_default():
   assert config.task == saved["task"] and config.toy.to_dict() == saved["toy"]
 
 
+def test_early_stopping_and_a_rerun_after_it(tmp_path):
+  # dev/score per step: best 0.7 at step 4; steps 6, 8 and 10 are worse, so with patience 3
+  # training stops at step 10 (evaluations every 2 steps), keeping step 4 as the best.
+  scores = "0.1,0.5,0.1,0.7,0.1,0.6,0.1,0.65,0.1,0.2" + ",0.9" * 10
+  config = toy_config(**{"mesh.data": 1, "total_steps": 20, "eval_every": 2,
+                         "checkpoint_every": 100, "best_metric": "dev/score",
+                         "early_stopping_patience": 3, "toy.dev_scores": scores})
+  run = lambda: loop.train(config, str(tmp_path), devices=jax.devices()[:1],
+                           log=lambda _: None)
+  result = run()
+  assert (result.status, result.step) == ("early_stopped", 10)
+  with Checkpointer(os.path.join(tmp_path, loop.CHECKPOINT_DIR), read_only=True,
+                    best_metric="dev/score") as ckpt:
+    assert ckpt.best() == (4, 0.7) and ckpt.latest_step() == 10
+  assert max(r["step"] for r in read_metrics(tmp_path)) == 10
+  again = run()  # A rerun does not train on past the stop.
+  assert (again.status, again.step) == ("early_stopped", 10)
+  assert max(r["step"] for r in read_metrics(tmp_path)) == 10
+  config.early_stopping_patience = 0  # Without patience the same run goes to the end.
+  assert run().status == "finished"
+
+
 @pytest.mark.parametrize("name", sorted(MESHES))
 def test_mesh_equivalence_and_compiles_once(name, one_device_run, tmp_path, monkeypatch):
   data, fsdp, tensor = MESHES[name]

@@ -40,6 +40,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.toy.dropout = 0.0
   c.toy.sleep_s = 0.0
   c.toy.nan_from_batch = -1  # Global batch index from which the loss is NaN (-1: never).
+  c.toy.dev_scores = ""  # Comma-separated "dev/score" per step (1-based), for early stopping.
   return c
 
 
@@ -120,9 +121,10 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     return jnp.argmax(model(input_ids, attention_mask), -1)
 
   def accuracy(model, step):
-    del step
     predicted = predict(model, eval_batch["input_ids"], eval_batch["attention_mask"])
     yield "accuracy", float(np.mean(distributed.to_host(predicted) == eval_batch["label"]))
+    if config.toy.dev_scores:
+      yield "score", float(config.toy.dev_scores.split(",")[step - 1])
 
   return Task(model=model, loss=loss,
               batch_axes={"input_ids": ("batch", "length"),

@@ -12,6 +12,7 @@ visible only once orbax has finalised it, so a crash mid-save leaves the previou
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Mapping
 
@@ -83,11 +84,15 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.best_metric, self.best_mode = best_metric, best_mode
     preserve: list[policies.PreservationPolicy] = [policies.LatestN(n=keep)]
+    worst = -math.inf if best_mode == "max" else math.inf
+    metric = lambda m: m.get(best_metric, worst)  # Steps saved without an evaluation.
     if best_metric:
-      preserve.append(policies.BestN(get_metric_fn=lambda m: m[best_metric],
-                                     reverse=best_mode == "min", n=1,
+      preserve.append(policies.BestN(get_metric_fn=metric, reverse=best_mode == "min", n=1,
                                      keep_checkpoints_without_metrics=False))
     options = ocp.CheckpointManagerOptions(
+        # best_fn is what makes orbax write a step's metrics at all; without it BestN sees
+        # none and the best step would silently be lost.
+        best_fn=metric if best_metric else None, best_mode=best_mode,
         preservation_policy=policies.AnyPreservationPolicy(preserve),
         enable_async_checkpointing=async_save, read_only=read_only, create=not read_only,
         cleanup_tmp_directories=not read_only)
@@ -104,8 +109,8 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def best_step(self) -> int | None:
-    """The kept step with the best `best_metric` (None without metrics)."""
+  def best(self) -> tuple[int, float] | None:
+    """(step, value) of the kept step with the best `best_metric` (None without metrics)."""
     scored = []
     for step in self.all_steps():
       metrics = self._manager.metrics(step) or {}
@@ -113,7 +118,13 @@ class Checkpointer:
         scored.append((metrics[self.best_metric], step))
     if not scored:
       return None
-    return (max if self.best_mode == "max" else min)(scored)[1]
+    value, step = (max if self.best_mode == "max" else min)(scored)
+    return step, float(value)
+
+  def best_step(self) -> int | None:
+    """The kept step with the best `best_metric` (None without metrics)."""
+    best = self.best()
+    return None if best is None else best[0]
 
   def reached_preemption(self, step: int) -> bool:
     """True on every process once any received a preemption notice (multi-host sync)."""
@@ -128,7 +139,8 @@ class Checkpointer:
     if config is not None:
       items[CONFIG] = ocp.args.JsonSave(dict(config))
     self._manager.save(step, args=ocp.args.Composite(**items),
-                       metrics=dict(metrics) if metrics else None, force=True)
+                       metrics=dict(metrics or {}) if self.best_metric else None,
+                       force=True)
 
   def restore(self, step: int, target: Any, *, data_iterator=None) -> Any:
     """The state at `step`, restored into `target`'s shapes, dtypes and shardings.

@@ -30,6 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2  # The latest N are kept, and the best one when best_metric is set.
   c.best_metric = ""  # An evaluator's metric name, e.g. "dev/macro_f1".
   c.best_mode = "max"
+  # Stop after this many evaluations in a row without a better best_metric (0: never).
+  c.early_stopping_patience = 0
   c.async_checkpoints = True
   c.freeze = ""  # Regex of parameter paths that are not trained (no gradients, no state).
   c.param_dtype = "float32"
@@ -70,5 +72,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.batch_size % c.accum_steps:
     raise ValueError(f"config.batch_size {c.batch_size} is not divisible by "
                      f"config.accum_steps {c.accum_steps}")
+  positive("early_stopping_patience", allow_zero=True)
+  if c.early_stopping_patience and not (c.best_metric and c.eval_every):
+    raise ValueError("config.early_stopping_patience needs config.best_metric and a positive "
+                     "config.eval_every")
   if c.best_mode not in BEST_MODES:
     raise ValueError(f"config.best_mode must be one of {BEST_MODES}, got {c.best_mode!r}")

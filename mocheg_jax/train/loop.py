@@ -41,7 +41,7 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclasses.dataclass
 class TrainResult:
-  status: str  # "finished" or "preempted"
+  status: str  # "finished", "preempted" or "early_stopped"
   step: int
   metrics: dict[str, float]  # The last logged training metrics and evaluation results.
 
@@ -97,6 +97,39 @@ class _LogWindow:
     means.update(step_time_s=elapsed / steps, examples_per_s=steps * self._global_batch / elapsed)
     self._metrics, self._start = [], time.perf_counter()
     return means
+
+
+class _EarlyStopping:
+  """Counts evaluations since the best `best_metric`; survives a restart because the best
+  checkpoint (kept with its metrics) says where the best was."""
+
+  def __init__(self, config: ml_collections.ConfigDict, best: tuple[int, float] | None,
+               start: int):
+    self.patience, self.metric = config.early_stopping_patience, config.best_metric
+    self.sign = 1.0 if config.best_mode == "max" else -1.0
+    best_step, self.best_value = best if best else (None, None)
+    self.waited = (start // config.eval_every - best_step // config.eval_every
+                   if best and config.eval_every else 0)
+
+  @property
+  def exhausted(self) -> bool:
+    return bool(self.patience) and self.waited >= self.patience
+
+  def update(self, results: Mapping[str, float]) -> bool:
+    """Records one evaluation; True when training should stop."""
+    if self.metric not in results:
+      return False
+    value = results[self.metric]
+    # A tie counts as the new best, as the checkpointer keeps the later of equal steps.
+    if self.best_value is None or self.sign * value >= self.sign * self.best_value:
+      self.best_value, self.waited = value, 0
+    else:
+      self.waited += 1
+    return self.exhausted
+
+  def describe(self) -> str:
+    return (f"{self.metric} has not improved on {self.best_value:.4g} for {self.waited} "
+            f"evaluations (patience {self.patience})")
 
 
 def _check_local_batch(batch: Mapping[str, np.ndarray], expected: int,
@@ -207,8 +240,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
       check_finite(step)
       checkpoints.save(step, state, data_iterator=data, config=config_dict, metrics=metrics)
 
+    stopping = _EarlyStopping(config, checkpoints.best(), start)
     step, last = start, {}
     try:
+      if stopping.exhausted:
+        say(f"stopped early at step {start} before ({stopping.describe()}); nothing to do")
+        return TrainResult("early_stopped", start, last)
       with _StopSignals() as signals, Progress(
           "train", total=config.total_steps - start, unit="step", enabled=primary,
           interval=10.0) as progress:
@@ -242,6 +279,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
           if final or step % config.checkpoint_every == 0 or (
               results and config.best_metric):
             save(step, results)
+          if results and stopping.update(results) and not final:
+            checkpoints.wait()
+            say(f"early stop at step {step}: {stopping.describe()}")
+            return TrainResult("early_stopped", step, last)
 
           stop = signals.received if processes == 1 else (
               "preemption" if checkpoints.reached_preemption(step) else None)
