@@ -6,6 +6,8 @@ batches padded to a few bucketed shapes (lengths: powers of two and 1.5x powers 
 batch sizes: powers of two up to `batch_size`), so jit compiles a handful of programs
 whatever the data. Every batch of a chunk is dispatched before any result is read back, so
 tokenising (or decoding images of) the next chunk overlaps the device's work.
+A `sink` callback takes each batch's outputs instead, for outputs that are not one vector
+per input (the token states of mocheg_jax/verification/features.py).
 
 On top of it: CLIP text and image encoding, and `load_encoder(folder)`, which picks the
 family from config.json's model_type (a sentence-transformers / BERT folder, or CLIP) for
@@ -35,6 +37,10 @@ MIN_BUCKET = 8
 TextForward = Callable[[np.ndarray, np.ndarray], jax.Array]
 # pixels [B, H, W, C] float32 -> embeddings [B, D].
 ImageForward = Callable[[np.ndarray], jax.Array]
+# Receives each batch's results instead of the default [N, width] array: (input indices
+# [n], host outputs [n, ...] with the padding rows cut, tokens per row [n] for texts or None
+# for images). For outputs that are not one vector per input (token states).
+Sink = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], None]
 # Image decoding errors from Pillow (SyntaxError: some truncated PNGs; bombs: huge images).
 _IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
@@ -68,20 +74,33 @@ def _check_batching(batch_size: int, chunk_batches: int) -> None:
     raise ValueError(f"chunk_batches must be positive, not {chunk_batches}")
 
 
-Pending = list[tuple[np.ndarray, jax.Array]]  # (output rows, a dispatched batch result)
+# (output rows, a dispatched batch result, tokens per row or None)
+Pending = list[tuple[np.ndarray, jax.Array, "np.ndarray | None"]]
 
 
 def _run_chunks(count: int, chunk_size: int, dispatch: Callable[[int], Pending],
-                out: np.ndarray) -> np.ndarray:
+                sink: Sink) -> None:
   """Calls `dispatch(start)` per chunk, reading a chunk's results back only once the next
   chunk is dispatched (reading back waits for the device; the queue stays full)."""
   pending = dispatch(0) if count else []
   for start in range(chunk_size, count + chunk_size, chunk_size):
     following = dispatch(start) if start < count else []
-    for rows, result in pending:
-      out[rows] = np.asarray(result)[:len(rows)]
+    for rows, result, lengths in pending:
+      sink(rows, np.asarray(result)[:len(rows)], lengths)
     pending = following
-  return out
+
+
+def _collect(count: int, width: int, sink: Sink | None) -> tuple[Sink, np.ndarray | None]:
+  """The caller's sink, or one filling a float32 [count, width] array (returned too)."""
+  if sink is not None:
+    return sink, None
+  out = np.zeros((count, width), np.float32)
+
+  def fill(rows: np.ndarray, values: np.ndarray, lengths: np.ndarray | None) -> None:
+    del lengths
+    out[rows] = values
+
+  return fill, out
 
 
 def check_texts(texts: Iterable[str]) -> list[str]:
@@ -107,7 +126,8 @@ def tokenize(tokenizer, texts: Sequence[str], max_length: int,
 
 def run_text_encoder(forward: TextForward, tokenizer, texts: Sequence[str], *, width: int,
                      max_length: int, batch_size: int = 64, truncation_side: str = "right",
-                     pad_id: int | None = None, chunk_batches: int = 32) -> np.ndarray:
+                     pad_id: int | None = None, chunk_batches: int = 32,
+                     sink: Sink | None = None) -> np.ndarray | None:
   """Embeds texts with any jitted text encoder: float32 [N, width], rows in input order.
 
   Args:
@@ -123,6 +143,9 @@ def run_text_encoder(forward: TextForward, tokenizer, texts: Sequence[str], *, w
       token, else 0.
     chunk_batches: texts are tokenised and length-sorted `batch_size * chunk_batches` at a
       time, which bounds host memory and overlaps tokenising with computing.
+    sink: None: return the [N, width] array. Else `forward` may return any [B, ...] batch
+      (e.g. token states [B, L, D]); each batch goes to `sink(rows, outputs, lengths)`
+      (lengths = tokens per text, special tokens included) and None is returned.
   """
   if truncation_side not in ("right", "left"):
     raise ValueError(f"truncation_side must be 'right' or 'left', not {truncation_side!r}")
@@ -148,16 +171,18 @@ def run_text_encoder(forward: TextForward, tokenizer, texts: Sequence[str], *, w
       for j, r in enumerate(rows):
         batch[j, :lengths[r]] = ids[r]
         mask[j, :lengths[r]] = 1
-      pending.append((rows + start, forward(batch, mask)))
+      pending.append((rows + start, forward(batch, mask), lengths[rows]))
     return pending
 
-  return _run_chunks(len(texts), chunk_size, dispatch,
-                     np.zeros((len(texts), width), np.float32))
+  sink, out = _collect(len(texts), width, sink)
+  _run_chunks(len(texts), chunk_size, dispatch, sink)
+  return out
 
 
 def run_image_encoder(forward: ImageForward, load: Callable[[int], np.ndarray], count: int, *,
                       width: int, batch_size: int = 64, chunk_batches: int = 2,
-                      threads: int | None = None) -> np.ndarray:
+                      threads: int | None = None,
+                      sink: Sink | None = None) -> np.ndarray | None:
   """Embeds `count` images: float32 [count, width], rows in input order.
 
   Args:
@@ -169,6 +194,8 @@ def run_image_encoder(forward: ImageForward, load: Callable[[int], np.ndarray], 
     batch_size: the most images per forward pass.
     chunk_batches: images decoded ahead, in batches (each 224px image is 0.6 MB).
     threads: decoding threads; None: min(8, CPU count).
+    sink: as in `run_text_encoder` (lengths None): outputs of any [B, ...] shape go to
+      `sink(rows, outputs, None)` and None is returned.
   """
   _check_batching(batch_size, chunk_batches)
   sizes = batch_buckets(batch_size)
@@ -184,10 +211,12 @@ def run_image_encoder(forward: ImageForward, load: Callable[[int], np.ndarray], 
         part = pixels[b:b + batch_size]
         batch = np.zeros((_bucket(len(part), sizes), *part[0].shape), np.float32)
         batch[:len(part)] = part
-        pending.append((np.arange(start + b, start + b + len(part)), forward(batch)))
+        pending.append((np.arange(start + b, start + b + len(part)), forward(batch), None))
       return pending
 
-    return _run_chunks(count, chunk_size, dispatch, np.zeros((count, width), np.float32))
+    sink, out = _collect(count, width, sink)
+    _run_chunks(count, chunk_size, dispatch, sink)
+    return out
 
 
 # ---- CLIP -----------------------------------------------------------------------------------

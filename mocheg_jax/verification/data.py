@@ -1,0 +1,213 @@
+"""Batches of frozen-CLIP token states for the stance model, from evidence and a store.
+
+`VerificationBatches(evidence, store)` turns `evidence.ClaimEvidence` lists into fixed-shape
+examples (numpy, one per claim, in the evidence order):
+```
+claim       [Lc, Dt]      claim token states (store dtype unless `dtype` is given)
+claim_mask  [Lc]          bool
+text        [Nt, Lt, Dt]  one row per text item, first Nt items
+text_mask   [Nt, Lt]      bool; an absent item is all False
+image       [Ni, P, Dv]   patch states, first Ni images
+image_mask  [Ni]          bool item presence (every patch of a present image is attended)
+label       int32         0 refuted, 1 supported, 2 NEI
+claim_id    int32         -1 on padding rows
+valid       bool          False on padding rows (evaluation's last batch)
+```
+Caps. The reference uses all gold evidence of a claim (a batch of one claim, any shape). A
+jitted step needs fixed shapes, so items beyond `max_text_items` / `max_images` are cut
+(the first ones are kept: the evidence order, best first for system evidence) and counted in
+`cut`. Defaults: Lc = Lt = 77 (CLIP's context, the reference's max length), Nt = 16 text
+items and Ni = 4 images. The synthetic tiny world has at most 6 evidence sentences and 2
+proof images per claim, so nothing is cut there; the release has about 2 text evidence
+paragraphs and 0.8 proof images per claim on average.
+
+Token choice: the claim and items are the store's states of the whole tokenised text (BOS
+and EOS included; the reference drops BOS only for claims without images, a quirk not
+reproduced).
+
+`train_dataset` is a grain pipeline (repeat forever, reshuffled per epoch, drop remainder,
+process sharding by claim index as mocheg_jax/data/pipelines.py; its iterator's state is
+saved with the checkpoint). `eval_batches` yields every claim once, in order, the last batch
+padded with `valid` False rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Sequence
+
+import grain
+import numpy as np
+
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.verification.evidence import NUM_CLASSES, ClaimEvidence
+from mocheg_jax.verification.features import FeatureStore
+
+Example = dict[str, np.ndarray]
+
+DEFAULT_MAX_CLAIM_LEN = 77
+DEFAULT_MAX_TEXT_LEN = 77
+DEFAULT_MAX_TEXT_ITEMS = 16
+DEFAULT_MAX_IMAGES = 4
+
+
+@dataclasses.dataclass
+class CutCounts:
+  """What the caps removed (counted once, over all claims)."""
+  text_items: int = 0          # text items beyond max_text_items
+  claims_text_cut: int = 0     # claims that lost some
+  images: int = 0              # images beyond max_images
+  claims_images_cut: int = 0
+  claims_truncated: int = 0    # claims with more tokens than max_claim_len
+  texts_truncated: int = 0     # kept text items with more tokens than max_text_len
+
+  def __str__(self) -> str:
+    return (f"cut {self.text_items} text items ({self.claims_text_cut} claims), "
+            f"{self.images} images ({self.claims_images_cut} claims); truncated "
+            f"{self.claims_truncated} claims and {self.texts_truncated} text items")
+
+
+class VerificationBatches:
+  """Fixed-shape examples of claims with their evidence (see the module docstring).
+
+  Random access (`len`, `[i]`) makes it a grain data source.
+  """
+
+  def __init__(self, evidence: Sequence[ClaimEvidence], store: FeatureStore, *,
+               max_claim_len: int = DEFAULT_MAX_CLAIM_LEN,
+               max_text_len: int = DEFAULT_MAX_TEXT_LEN,
+               max_text_items: int = DEFAULT_MAX_TEXT_ITEMS,
+               max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None):
+    for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
+                        ("max_text_items", max_text_items), ("max_images", max_images)):
+      if value < 1:
+        raise ValueError(f"{name} must be positive, got {value}")
+    self.store = store
+    self.max_claim_len, self.max_text_len = max_claim_len, max_text_len
+    self.max_text_items, self.max_images = max_text_items, max_images
+    self.dtype = np.dtype(dtype or store.manifest.dtype)
+    self.claims = list(evidence)
+    if not self.claims:
+      raise MochegInputError("no claims to verify")
+    self._check(self.claims)
+    self.cut = self._count_cuts()
+
+  def _check(self, claims: list[ClaimEvidence]) -> None:
+    seen: set[int] = set()
+    missing_texts, missing_images = [], []
+    for e in claims:
+      if not -2**31 <= e.claim_id < 2**31 - 1:
+        raise MochegInputError(f"claim id {e.claim_id} does not fit in int32")
+      if e.claim_id in seen:
+        raise MochegInputError(f"claim {e.claim_id} occurs twice in the evidence list")
+      seen.add(e.claim_id)
+      if isinstance(e.label, bool) or not isinstance(e.label, (int, np.integer)) or not (
+          0 <= e.label < NUM_CLASSES):
+        raise MochegInputError(f"claim {e.claim_id}: label {e.label!r} is not in "
+                               f"0..{NUM_CLASSES - 1}")
+      missing_texts += [(e.claim_id, t) for t in (e.claim, *e.texts[:self.max_text_items])
+                        if not self.store.has_text(t)]
+      missing_images += [(e.claim_id, p) for p in e.images[:self.max_images]
+                         if not self.store.has_image(p)]
+    for what, missing in (("texts", missing_texts), ("images", missing_images)):
+      if missing:
+        claim_id, key = missing[0]
+        raise MochegInputError(
+            f"{self.store.dir}: {len(missing)} {what} of the evidence are not in the feature "
+            f"store (e.g. {key[:80]!r} of claim {claim_id}); build the store with "
+            "evidence.store_inputs(...) of this evidence")
+
+  def _count_cuts(self) -> CutCounts:
+    cut = CutCounts()
+    for e in self.claims:
+      extra_text = max(0, len(e.texts) - self.max_text_items)
+      extra_images = max(0, len(e.images) - self.max_images)
+      cut.text_items += extra_text
+      cut.claims_text_cut += extra_text > 0
+      cut.images += extra_images
+      cut.claims_images_cut += extra_images > 0
+      cut.claims_truncated += int(self.store.text_lengths([e.claim])[0] > self.max_claim_len)
+      if e.texts:
+        lengths = self.store.text_lengths(e.texts[:self.max_text_items])
+        cut.texts_truncated += int((lengths > self.max_text_len).sum())
+    return cut
+
+  # ---- examples ----------------------------------------------------------------------
+  def __len__(self) -> int:
+    return len(self.claims)
+
+  def __getitem__(self, index: int) -> Example:
+    e = self.claims[index]
+    m = self.store.manifest
+    claim, claim_mask = self.store.text([e.claim], self.max_claim_len)
+    texts = e.texts[:self.max_text_items]
+    text = np.zeros((self.max_text_items, self.max_text_len, m.text_dim), self.dtype)
+    text_mask = np.zeros((self.max_text_items, self.max_text_len), bool)
+    if texts:
+      text[:len(texts)], text_mask[:len(texts)] = self.store.text(texts, self.max_text_len)
+    images = e.images[:self.max_images]
+    image = np.zeros((self.max_images, m.patches, m.image_dim), self.dtype)
+    if images:
+      image[:len(images)] = self.store.image(images)
+    return {
+        "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],
+        "text": text, "text_mask": text_mask,
+        "image": image, "image_mask": np.arange(self.max_images) < len(images),
+        "label": np.int32(e.label), "claim_id": np.int32(e.claim_id), "valid": np.bool_(True),
+    }
+
+  def padding_example(self) -> Example:
+    """A row that fills the last evaluation batch: all masks False, valid False."""
+    example = {k: np.zeros_like(v) for k, v in self[0].items()}
+    example["claim_id"] = np.int32(-1)
+    return example
+
+  # ---- datasets ----------------------------------------------------------------------
+  def train_dataset(self, batch_size: int, seed: int, *, shard_index: int | None = None,
+                    shard_count: int | None = None) -> grain.IterDataset:
+    """Batched examples forever, reshuffled every epoch; `iter()` of it has get_state /
+    set_state for checkpoints.
+
+    Args:
+      batch_size: claims per batch (this process's share of a global batch); the last
+        incomplete batch of the stream is never reached (it repeats forever).
+      seed: the shuffle seed.
+      shard_index, shard_count: this process's claims are those at index
+        shard_index::shard_count; default jax.process_index() / process_count().
+    """
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if shard_index is None or shard_count is None:
+      import jax  # Only for the process layout.
+      shard_index, shard_count = jax.process_index(), jax.process_count()
+    indices = np.arange(len(self))[shard_index::shard_count]
+    if not len(indices):
+      raise ValueError(f"no claims for process {shard_index} of {shard_count} "
+                       f"({len(self)} claims in all)")
+    ds = grain.MapDataset.source(_Subset(self, indices)).seed(seed).shuffle().repeat(None)
+    return ds.batch(batch_size, drop_remainder=True).to_iter_dataset()
+
+  def eval_batches(self, batch_size: int) -> Iterator[Example]:
+    """Every claim once, in order; the last batch padded to `batch_size` (valid False)."""
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be positive, got {batch_size}")
+    padding = None
+    for start in range(0, len(self), batch_size):
+      rows = [self[i] for i in range(start, min(start + batch_size, len(self)))]
+      if len(rows) < batch_size:
+        padding = padding or self.padding_example()
+        rows += [padding] * (batch_size - len(rows))
+      yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+class _Subset:
+  """Some indices of a random-access source (picklable)."""
+
+  def __init__(self, source: VerificationBatches, indices: np.ndarray):
+    self._source, self._indices = source, np.asarray(indices, np.int64)
+
+  def __len__(self) -> int:
+    return len(self._indices)
+
+  def __getitem__(self, i: int) -> Example:
+    return self._source[int(self._indices[i])]
