@@ -292,3 +292,32 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
     w = w * mask.astype(jnp.float32)
   total = w.sum()
   return jnp.where(total > 0, (w * nll).sum() / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+class ClaimOnlyClassifier(nnx.Module):
+  """The "no evidence" row: the claim's token states alone -> 3 logits.
+
+  The reference's claim-only setting (verification/util/sentiment.py, the pooled
+  SentimentDetectionLayer5): max over the claim tokens -> Linear(512 -> 64) -> ReLU ->
+  Dropout(0.3) -> Linear(64 -> 3). Here the max is over the real (masked) tokens.
+  """
+
+  HIDDEN = 64
+  DROPOUT = 0.3
+
+  def __init__(self, text_dim: int, num_classes: int = 3, *, dtype: Dtype = None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.hidden = layers.Dense(text_dim, self.HIDDEN, ("embed", "mlp"), **kw)
+    self.classifier = layers.Dense(self.HIDDEN, num_classes, ("mlp", "classes"), **kw)
+    self.dropout = nnx.Dropout(self.DROPOUT, rngs=rngs)
+
+  def __call__(self, claim: jax.Array, claim_mask: jax.Array, *,
+               deterministic: bool = True, **unused_evidence) -> jax.Array:
+    del unused_evidence  # Same call as StanceDetector; evidence is ignored by design.
+    _check("claim", claim, 3)
+    mask = claim_mask.astype(bool)[..., None]
+    pooled = jnp.where(mask, claim, jnp.finfo(claim.dtype).min).max(axis=1)
+    pooled = jnp.where(mask.any(1), pooled, 0)  # [B, Dt]; a claim with no tokens: 0.
+    h = self.dropout(jax.nn.relu(self.hidden(pooled)), deterministic=deterministic)
+    return layers.constrain(self.classifier(h).astype(jnp.float32), ("batch", "classes"))

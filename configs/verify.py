@@ -1,0 +1,66 @@
+"""Claim verification: the stance detector on frozen-CLIP token states (Table 4).
+
+  python scripts/train.py --config=configs/verify.py:tiny --workdir=runs/verify \
+      [--config.verify.clip=IMAGE_RETRIEVER_WORKDIR] [--config.verify.use_image=False]
+
+Variants:
+  tiny:  a random small CLIP's features on the tiny world; a minute on a CPU.
+  small: the small world; pass the main job's image retriever as the frozen CLIP
+         (--config.verify.clip=WORKDIR/stages/retrieval_image) or keep a random one.
+  paper: the reference's settings: CLIP ViT-B/32 from a local HF folder
+         (--config.verify.clip=PATH/clip-vit-base-patch32), 512-d fusion, one head, Adam
+         lr 1e-3, class weights with p = 2, model selection by dev macro F1; pass the release
+         with --config.data.release=DIR.
+Modes (one task, switched by config): --config.verify.evidence=gold|RESULT_CSV,
+--config.verify.use_text / use_image (both False: the claim-only "no evidence" model).
+"""
+
+from mocheg_jax.train import config as config_lib
+from mocheg_jax.verification import task as verify_task
+
+
+def get_config(variant: str = "tiny"):
+  c = config_lib.base_config()
+  c.task = "mocheg_jax.verification.task:make_task"
+  c.verify = verify_task.verify_config()
+  c.best_metric = "dev/macro_f1"
+  c.optimizer.name = "adam"
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.schedule = "constant"
+  if variant == "tiny":
+    c.total_steps = 120
+    c.batch_size = 16
+    c.log_every = 20
+    c.eval_every = 40
+    c.checkpoint_every = 40
+    c.verify.hidden = 64
+    c.verify.max_claim_len = 32
+    c.verify.max_text_len = 32
+    c.verify.max_text_items = 8
+    c.verify.max_images = 2
+  elif variant == "small":
+    c.data.scale = "small"
+    c.total_steps = 600
+    c.batch_size = 32
+    c.log_every = 50
+    c.eval_every = 100
+    c.checkpoint_every = 100
+    c.early_stopping_patience = 3
+    c.verify.hidden = 128
+    c.verify.clip_shape.patch_size = 8
+    c.verify.max_claim_len = 48
+    c.verify.max_text_len = 48
+    c.verify.max_text_items = 8
+    c.verify.max_images = 2
+  elif variant == "paper":
+    c.data.scale = "paper"
+    c.verify.clip = ""  # Required: a local HF CLIP ViT-B/32 folder.
+    c.total_steps = 20000
+    c.batch_size = 32
+    c.log_every = 100
+    c.eval_every = 1000
+    c.checkpoint_every = 1000
+    c.early_stopping_patience = 5
+  else:
+    raise ValueError(f"unknown variant {variant!r}: expected tiny, small or paper")
+  return c

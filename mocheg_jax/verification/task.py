@@ -1,0 +1,282 @@
+"""Claim verification as a trainer task: the stance detector on frozen-CLIP token states.
+
+The frozen CLIP (`verify.clip`) is a trained image retriever's workdir (the main job uses
+its own), a local HF CLIP folder (the paper's ViT-B/32), or "random" (a small random CLIP
+of shape `verify.clip_shape`, for tests). Its token states for every claim, text item and
+image the run needs are computed once into a feature store (`verify.features_dir`, default
+WORKDIR/features; stages sharing a CLIP can share one) and training reads only the store.
+
+Evidence modes are config switches of one task: `verify.evidence` is "gold" (each claim's
+own evidence and proof images) or a retrieval result CSV (system evidence), and
+`verify.use_text` / `verify.use_image` keep one modality, both, or neither (the claim-only
+model of the "no evidence" row). Loss: class-weighted cross-entropy with
+w_c = 3 n_c^-p / sum_j n_j^-p over the training claims (p = `verify.loss_weight_power`).
+Model selection: the best `dev/macro_f1`, with early stopping by config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from mocheg_jax.data.labels import LABEL_NAMES
+from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.data.tokenizers import load_tokenizer
+from mocheg_jax.metrics.classification import classification_report
+from mocheg_jax.models import clip
+from mocheg_jax.parallel import distributed
+from mocheg_jax.retrieval import image_task
+from mocheg_jax.train.data import prepared_data
+from mocheg_jax.train.task import Evaluator, Task
+from mocheg_jax.verification import evidence as evidence_lib
+from mocheg_jax.verification import features
+from mocheg_jax.verification import stance
+from mocheg_jax.verification.data import VerificationBatches
+
+RANDOM = "random"
+GOLD = "gold"
+DEV_SPLIT = "val"
+CHECKPOINT_DIR = "checkpoints"  # A training workdir (mocheg_jax.train.loop.CHECKPOINT_DIR).
+
+
+def verify_config() -> ml_collections.ConfigDict:
+  v = ml_collections.ConfigDict()
+  v.clip = RANDOM  # A trained image retriever's workdir, a local HF CLIP folder, or random.
+  v.clip_shape = image_task.model_config()  # Shape of the random CLIP (ignored otherwise).
+  v.evidence = GOLD  # "gold", or a retrieval result CSV (system evidence) for training.
+  v.use_text = True
+  v.use_image = True
+  v.hidden = 512  # Fusion output (the stance vector), as the reference.
+  v.heads = 1
+  v.dropout = 0.0
+  v.missing_modality = "reference"  # or "zeros" (see stance.py).
+  v.loss_weight_power = 2.0
+  v.max_claim_len = 77
+  v.max_text_len = 77
+  v.max_text_items = 16
+  v.max_images = 4
+  v.features_dir = ""  # "": WORKDIR/features.
+  v.feature_dtype = "float16"
+  v.encode_batch_size = 64
+  v.eval_batch_size = 64
+  return v
+
+
+# ---- the frozen CLIP ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class FrozenClip:
+  model: clip.CLIPModel
+  tokenizer: Any
+
+
+def _clip_kind(source: str) -> str:
+  if source == RANDOM:
+    return RANDOM
+  if not source or not os.path.isdir(source):
+    raise MochegInputError(f"config.verify.clip {source!r} is not a folder (expected "
+                           "'random', an image retriever's training workdir, or a local HF "
+                           "CLIP folder)")
+  return "workdir" if os.path.isdir(os.path.join(source, CHECKPOINT_DIR)) else "hf"
+
+
+def clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> dict:
+  """Who encodes the feature store, known without loading any weights."""
+  kind = _clip_kind(v.clip)
+  if kind == RANDOM:
+    return {"clip": RANDOM, "seed": seed, "shape": v.clip_shape.to_dict(),
+            "tokenizer": os.path.abspath(wordpiece_dir)}
+  folder = os.path.abspath(v.clip)
+  if kind == "workdir":
+    from mocheg_jax.train.restore import checkpoint_step  # A trainer workdir.
+    checkpoints, step = checkpoint_step(folder, "best")
+    checkpoints.close()
+    return {"clip": folder, "step": int(step)}
+  return {"clip": folder}
+
+
+def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
+  """The CLIP named by `verify.clip` (see the module docstring)."""
+  kind = _clip_kind(v.clip)
+  if kind == RANDOM:
+    tokenizer = load_tokenizer(wordpiece_dir)
+    config = image_task.random_clip_config(v.clip_shape, 20.0, tokenizer)
+    return FrozenClip(clip.CLIPModel(config, rngs=nnx.Rngs(seed)), tokenizer)
+  folder = os.path.abspath(v.clip)
+  if kind == "workdir":
+    from mocheg_jax.train.restore import load_trained
+    trained = load_trained(folder, "best")
+    if not isinstance(trained.model, clip.CLIPModel):
+      raise MochegInputError(f"config.verify.clip {folder}: its task ({trained.config.task})"
+                             " does not train a CLIP")
+    return FrozenClip(trained.model, load_tokenizer(trained.task.inference.tokenizer_dir))
+  from mocheg_jax.models.hf import clip as hf_clip  # A local HF CLIP folder.
+  return FrozenClip(hf_clip.load(folder), load_tokenizer(folder))
+
+
+# ---- the model and its inputs ---------------------------------------------------------------
+def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
+                  ) -> stance.StanceConfig:
+  return stance.StanceConfig(text_dim=manifest.text_dim, image_dim=manifest.image_dim,
+                             hidden=v.hidden, heads=v.heads, dropout=v.dropout,
+                             use_text=v.use_text, use_image=v.use_image,
+                             missing_modality=v.missing_modality)
+
+
+def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
+                param_dtype=jnp.float32) -> nnx.Module:
+  rngs = nnx.Rngs(seed)
+  if not (v.use_text or v.use_image):
+    return stance.ClaimOnlyClassifier(manifest.text_dim, param_dtype=param_dtype, rngs=rngs)
+  return stance.StanceDetector(stance_config(v, manifest), param_dtype=param_dtype, rngs=rngs)
+
+
+def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
+  """The batch fields the model reads (only those travel to the devices)."""
+  axes = {"claim": ("batch", None, None), "claim_mask": ("batch", None),
+          "label": ("batch",), "valid": ("batch",)}
+  if v.use_text:
+    axes.update(text=("batch", None, None, None), text_mask=("batch", None, None))
+  if v.use_image:
+    axes.update(image=("batch", None, None, None), image_mask=("batch", None))
+  return axes
+
+
+def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True) -> jax.Array:
+  """Logits [B, 3] from a batch of `VerificationBatches` fields."""
+  return model(batch["claim"], batch["claim_mask"], text=batch.get("text"),
+               text_mask=batch.get("text_mask"), image=batch.get("image"),
+               image_mask=batch.get("image_mask"), deterministic=deterministic)
+
+
+# ---- evidence, store and prediction ---------------------------------------------------------
+def split_evidence(release_dir: str, split: str, source: str, v: ml_collections.ConfigDict
+                   ) -> list[evidence_lib.ClaimEvidence]:
+  """A split's claims with gold evidence or a result CSV's, restricted to the modes."""
+  release = MochegRelease(release_dir)
+  if source == GOLD:
+    claims = evidence_lib.gold_evidence(release, split)
+  else:
+    claims = evidence_lib.system_evidence(release, split, source)
+  return evidence_lib.restrict(claims, text=v.use_text, images=v.use_image)
+
+
+@dataclasses.dataclass
+class Verifier:
+  """Predicts with a trained stance model: encodes what the store lacks, then batches.
+
+  The frozen CLIP is loaded only when the store needs new entries.
+  """
+  config: ml_collections.ConfigDict
+  release: str
+  features_dir: str
+  clip_loader: Callable[[], FrozenClip]
+  fingerprint: dict
+
+  def store(self, *claims: Sequence[evidence_lib.ClaimEvidence]) -> features.FeatureStore:
+    """The store, extended with the texts and images of `claims` (process 0 writes)."""
+    texts, images = evidence_lib.store_inputs(*claims)
+    store = _open_if_complete(self.features_dir, self.fingerprint, texts, images)
+    if store is None:
+      if distributed.is_primary():
+        frozen = self.clip_loader()
+        v = self.config.verify
+        features.build_store(self.features_dir, frozen.model, frozen.tokenizer, texts, images,
+                             fingerprint=self.fingerprint, max_text_len=v.max_text_len,
+                             batch_size=v.encode_batch_size, dtype=v.feature_dtype)
+      distributed.sync("verification-feature-store")
+      store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint)
+    return store
+
+  def batches(self, claims: Sequence[evidence_lib.ClaimEvidence]) -> VerificationBatches:
+    v = self.config.verify
+    return VerificationBatches(claims, self.store(claims), max_claim_len=v.max_claim_len,
+                               max_text_len=v.max_text_len, max_text_items=v.max_text_items,
+                               max_images=v.max_images)
+
+  def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
+    return split_evidence(self.release, split, source, self.config.verify)
+
+  def predict(self, model: nnx.Module, claims: Sequence[evidence_lib.ClaimEvidence]
+              ) -> np.ndarray:
+    """Class probabilities [N, 3] (refuted, supported, NEI), rows in `claims` order."""
+    data = self.batches(claims)
+    axes = batch_axes(self.config.verify)
+    out = []
+    for batch in data.eval_batches(self.config.verify.eval_batch_size):
+      probs = _probabilities(model, {k: batch[k] for k in axes})
+      out.append(np.asarray(distributed.to_host(probs))[batch["valid"]])
+    return np.concatenate(out)
+
+
+@nnx.jit
+def _probabilities(model: nnx.Module, batch: dict) -> jax.Array:
+  return jax.nn.softmax(forward(model, batch), axis=-1)
+
+
+def _open_if_complete(store_dir: str, fingerprint: dict, texts: Sequence[str],
+                      images: Sequence[str]) -> features.FeatureStore | None:
+  """The store if it exists and holds everything asked for, else None."""
+  if not os.path.exists(os.path.join(store_dir, features.MANIFEST)):
+    return None
+  store = features.open_store(store_dir, expect_fingerprint=fingerprint)
+  if all(store.has_text(t) for t in texts) and all(store.has_image(p) for p in images):
+    return store
+  return None
+
+
+def scores(gold: Sequence[int], probabilities: np.ndarray) -> dict[str, float]:
+  """micro/macro F1 and per-class F1 of the argmax predictions."""
+  report = classification_report(np.asarray(gold), probabilities.argmax(-1))
+  out = {"micro_f1": report["micro_f1"], "macro_f1": report["macro_f1"]}
+  out.update({f"f1/{name}": report[f"f1/{name}"] for name in LABEL_NAMES})
+  return out
+
+
+# ---- the task -------------------------------------------------------------------------------
+def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
+  data = prepared_data(config, workdir)
+  v = config.verify
+  seed = config.seed
+  features_dir = v.features_dir or os.path.join(workdir, "features")
+  clip_loader = lambda: load_clip(v, data.wordpiece, seed)
+  verifier = Verifier(config, data.release, features_dir, clip_loader,
+                      clip_fingerprint(v, data.wordpiece, seed))
+  train = verifier.evidence("train", v.evidence)
+  dev = verifier.evidence(DEV_SPLIT, v.evidence)
+  store = verifier.store(train, dev)  # One build for both, before training starts.
+  counts = np.bincount([c.label for c in train], minlength=len(LABEL_NAMES))
+  if (counts == 0).any():
+    raise MochegInputError(f"{data.release}: the train split has no claims of class "
+                           f"{LABEL_NAMES[int(np.argmin(counts))]}; class weights need all "
+                           "three")
+  weights = jnp.asarray(stance.class_weights(counts, v.loss_weight_power))
+  manifest = store.manifest
+  param_dtype = jnp.dtype(config.param_dtype)
+
+  def model() -> nnx.Module:
+    return build_model(v, manifest, seed, param_dtype)
+
+  def loss(model: nnx.Module, batch: dict[str, Any]):
+    logits = forward(model, batch, deterministic=False)
+    value = stance.weighted_cross_entropy(logits, batch["label"], weights, batch["valid"])
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    return value, {"batch_accuracy": accuracy}
+
+  def train_data(local_batch: int):
+    return iter(verifier.batches(train).train_dataset(local_batch, seed))
+
+  def dev_scores(model: nnx.Module, step: int):
+    del step
+    yield from scores([c.label for c in dev], verifier.predict(model, dev)).items()
+
+  return Task(model=model, loss=loss, batch_axes=batch_axes(v), train_data=train_data,
+              evaluators=(Evaluator("dev", dev_scores),), inference=verifier)
+

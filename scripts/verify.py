@@ -1,0 +1,70 @@
+r"""Predicts refuted / supported / NEI for every claim of a split with a trained verifier.
+
+  python scripts/verify.py --checkpoint=WORKDIR --split=test --evidence=gold|RESULT_CSV \
+      --out=FILE.csv [--release=DIR] [--which=best|latest]
+
+WORKDIR is a verifier's training workdir (configs/verify.py). --evidence=gold uses each
+claim's own evidence and proof images; a retrieval result CSV (scripts/search.py) uses the
+retrieved ones. The modalities follow the trained model (text, image, both or none). Writes
+`claim_id,label,p_refuted,p_supported,p_nei` for every claim and prints micro/macro F1
+against the split's gold labels.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from absl import app
+from absl import flags
+
+from mocheg_jax.data.labels import LABEL_NAMES
+from mocheg_jax.data.mocheg import SPLITS
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.train.restore import WHICH, load_trained
+from mocheg_jax.utils.cli import friendly_errors
+from mocheg_jax.verification import task as verify_task
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "The verifier's training workdir.",
+                                  required=True)
+_WHICH = flags.DEFINE_enum("which", "best", WHICH, "Which checkpoint of the workdir.")
+_RELEASE = flags.DEFINE_string("release", None, "The release (default: the training one).")
+_SPLIT = flags.DEFINE_enum("split", "test", list(SPLITS), "Whose claims are verified.")
+_EVIDENCE = flags.DEFINE_string("evidence", "gold", "gold, or a retrieval result CSV.")
+_OUT = flags.DEFINE_string("out", None, "The prediction CSV to write.", required=True)
+
+COLUMNS = ("claim_id", "label", "p_refuted", "p_supported", "p_nei")
+
+
+def write_predictions(path: str, claim_ids, probabilities) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(COLUMNS)
+    for claim_id, p in zip(claim_ids, probabilities):
+      writer.writerow([claim_id, LABEL_NAMES[int(p.argmax())], *(f"{x:.6f}" for x in p)])
+  os.replace(tmp, path)  # No half-written prediction file.
+
+
+@friendly_errors
+def main(argv: list[str]) -> None:
+  del argv
+  trained = load_trained(_CHECKPOINT.value, _WHICH.value)
+  verifier = trained.task.inference
+  if not isinstance(verifier, verify_task.Verifier):
+    raise MochegInputError(f"{_CHECKPOINT.value}: its task ({trained.config.task}) is not a "
+                           "verifier")
+  if _RELEASE.value:
+    verifier.release = _RELEASE.value
+  claims = verifier.evidence(_SPLIT.value, _EVIDENCE.value)
+  probabilities = verifier.predict(trained.model, claims)
+  write_predictions(_OUT.value, [c.claim_id for c in claims], probabilities)
+  scores = verify_task.scores([c.label for c in claims], probabilities)
+  print(json.dumps({"claims": len(claims), "split": _SPLIT.value, "out": _OUT.value,
+                    "step": trained.step, **{k: round(v, 4) for k, v in scores.items()}}))
+
+
+if __name__ == "__main__":
+  app.run(main)

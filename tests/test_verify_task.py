@@ -1,0 +1,130 @@
+"""The verification task on the tiny world: training through the shared trainer on a random
+frozen CLIP's features, every evidence mode, and scripts/verify.py with gold and system
+evidence."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.retrieval import results as results_lib
+from mocheg_jax.train import loop
+from mocheg_jax.train.restore import load_trained
+from mocheg_jax.train.writer import read_metrics
+from mocheg_jax.utils.configs import load_config
+from mocheg_jax.verification import stance
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _config(data_dir, features_dir, **verify):
+  config = load_config("verify", "tiny")
+  config.data.dir = str(data_dir)  # One prepared world for every run of this file.
+  config.verify.features_dir = str(features_dir)  # One feature store too.
+  config.total_steps, config.eval_every, config.checkpoint_every = 30, 15, 15
+  config.mesh.data = 1
+  for key, value in verify.items():
+    config.verify[key] = value
+  return config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  root = tmp_path_factory.mktemp("verify")
+  config = _config(root / "data", root / "features")
+  result = loop.train(config, str(root / "both"), devices=jax.devices()[:1],
+                      log=lambda _: None)
+  return root, result
+
+
+def test_trains_and_selects_by_dev_macro_f1(trained):
+  root, result = trained
+  assert result.status == "finished" and result.step == 30
+  records = read_metrics(root / "both")
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert losses[-1] < losses[0]  # It learns (the training claims at least).
+  evals = [r for r in records if "dev/macro_f1" in r]
+  assert [r["step"] for r in evals] == [15, 30]
+  model = load_trained(str(root / "both")).model
+  assert isinstance(model, stance.StanceDetector)
+  assert model.config.use_text and model.config.use_image
+
+
+@pytest.mark.parametrize("mode, kind", [
+    (dict(use_image=False), "text"), (dict(use_text=False), "image"),
+    (dict(use_text=False, use_image=False), "none")])
+def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
+  root, _ = trained
+  config = _config(root / "data", root / "features", **mode)
+  config.total_steps, config.eval_every = 4, 4
+  result = loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
+  assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
+  model = load_trained(str(tmp_path)).model
+  if kind == "none":
+    assert isinstance(model, stance.ClaimOnlyClassifier)
+  else:
+    assert (model.config.use_text, model.config.use_image) == (kind == "text",
+                                                                kind == "image")
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "scripts/verify.py", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def _read(path):
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_verify_script_with_gold_and_system_evidence(trained, tmp_path):
+  root, _ = trained
+  workdir = root / "both"
+  release = MochegRelease(root / "data" / "release")
+  test_claims = release.claims("test")
+  gold_out = tmp_path / "gold.csv"
+  proc = _script(f"--checkpoint={workdir}", "--split=test", f"--out={gold_out}")
+  assert proc.returncode == 0, proc.stderr
+  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  rows = _read(gold_out)
+  assert [int(r["claim_id"]) for r in rows] == [c.claim_id for c in test_claims]
+  assert report["claims"] == len(rows) and 0 <= report["macro_f1"] <= 1
+  for row in rows:
+    p = np.array([float(row[k]) for k in ("p_refuted", "p_supported", "p_nei")])
+    assert abs(p.sum() - 1) < 1e-4
+    assert row["label"] == ("refuted", "supported", "NEI")[int(p.argmax())]
+
+  # System evidence: a result CSV holding other claims' gold images and KB sentences.
+  sentences = [s for _, s in zip(range(50), release.iter_sentences())]
+  images = release.kb_images()
+  rows_in = [results_lib.RetrievedEvidence(
+      c.claim_id, text_ids=tuple(s.corpus_id for s in sentences[i:i + 3]),
+      texts=tuple(s.text for s in sentences[i:i + 3]), text_scores=(3.0, 2.0, 1.0),
+      images=tuple(images[i:i + 2]), image_scores=(2.0, 1.0))
+      for i, c in enumerate(test_claims)]
+  result_csv = tmp_path / "results.csv"
+  results_lib.write_results(result_csv, rows_in)
+  system_out = tmp_path / "system.csv"
+  proc = _script(f"--checkpoint={workdir}", "--split=test", f"--evidence={result_csv}",
+                 f"--out={system_out}")
+  assert proc.returncode == 0, proc.stderr
+  assert len(_read(system_out)) == len(test_claims)
+  assert _read(system_out) != rows  # Other evidence, other probabilities.
+
+  # Bad input: claims missing from the CSV, a workdir that is not a verifier.
+  results_lib.write_results(result_csv, rows_in[1:])
+  proc = _script(f"--checkpoint={workdir}", "--split=test", f"--evidence={result_csv}",
+                 f"--out={tmp_path / 'x.csv'}")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert str(test_claims[0].claim_id) in proc.stderr and not (tmp_path / "x.csv").exists()
