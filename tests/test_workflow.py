@@ -36,6 +36,14 @@ def test_main_job_runs_and_resumes(main_job):
   assert systems == {("BM25", "text"), ("SBERT zero-shot", "text"), ("SBERT fine-tuned", "text"),
                      ("SBERT + rerank", "text"), ("CLIP fine-tuned", "image")}
   assert "| SBERT + rerank | text | 5 |" in text  # Table 3 printed.
+  table4 = {(r["system"], r["evidence"]) for r in summary["verification"]}
+  assert table4 == {("Majority", "-"), ("Average similarity", "gold"),
+                    ("Average similarity", "system"), ("Stance (none)", "-")} | {
+                        (f"Stance ({m})", e) for m in ("text+image", "text", "image")
+                        for e in ("gold", "system")}
+  assert all(r["claims"] == summary["splits"]["test"]["claims"]
+             for r in summary["verification"])
+  assert "| Stance (text+image) | gold |" in text  # Table 4 printed.
   results = read_results(workdir / "runs" / "retrieval_results.csv")
   assert len(results) == summary["splits"]["test"]["claims"]
   assert all(len(r.text_ids) == 10 and len(r.images) == 10 for r in results.values())
