@@ -128,3 +128,20 @@ def test_verify_script_with_gold_and_system_evidence(trained, tmp_path):
                  f"--out={tmp_path / 'x.csv'}")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
   assert str(test_claims[0].claim_id) in proc.stderr and not (tmp_path / "x.csv").exists()
+
+
+def test_average_similarity_baseline_handles_claims_without_evidence(trained):
+  from mocheg_jax.train.data import prepared_data
+  from mocheg_jax.verification import stage
+  from mocheg_jax.verification import task as verify_task
+  from mocheg_jax.verification.evidence import ClaimEvidence
+  root, _ = trained
+  config = _config(root / "data", root / "features")
+  data = prepared_data(config, str(root / "both"))
+  frozen = verify_task.load_clip(config.verify, data.wordpiece, 0)
+  image = MochegRelease(data.release).kb_images()[0]
+  claims = [ClaimEvidence(1, "a claim", 0, ("a claim", "other words"),
+                          (MochegRelease(data.release).image_path(image),)),
+            ClaimEvidence(2, "a claim without evidence", 2, (), ())]
+  scores = stage._average_similarity(frozen, claims, 32)  # pylint: disable=protected-access
+  assert scores.shape == (2,) and scores[1] == 0.0 and -1 <= scores[0] <= 1

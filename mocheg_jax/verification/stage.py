@@ -99,7 +99,8 @@ def _average_similarity(frozen: verify_task.FrozenClip, claims: list[ClaimEviden
   mask = np.zeros((len(claims), width), bool)
   for i, c in enumerate(claims):
     items = [text_emb[t] for t in c.texts] + [image_emb[p] for p in c.images]
-    evidence[i, :len(items)], mask[i, :len(items)] = items, True
+    if items:  # A claim without evidence keeps an all-False mask (its score: 0).
+      evidence[i, :len(items)], mask[i, :len(items)] = items, True
   claim_emb = np.stack([text_emb[c.claim] for c in claims])
   return baselines.average_similarity_scores(claim_emb, evidence, mask)
 
