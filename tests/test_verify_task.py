@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.retrieval import results as results_lib
 from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
@@ -145,3 +146,36 @@ def test_average_similarity_baseline_handles_claims_without_evidence(trained):
             ClaimEvidence(2, "a claim without evidence", 2, (), ())]
   scores = stage._average_similarity(frozen, claims, 32)  # pylint: disable=protected-access
   assert scores.shape == (2,) and scores[1] == 0.0 and -1 <= scores[0] <= 1
+
+
+def test_text_states_from_a_frozen_sentence_encoder(trained, tmp_path):
+  """verify.text_encoder=minilm: claims and text items through the packaged MiniLM (384-d
+  last hidden states), images through CLIP; the store holds exactly MiniLM's states."""
+  from mocheg_jax.data.tokenizers import minilm_dir
+  from mocheg_jax.models import sentence_transformers as st
+  from mocheg_jax.verification import features
+  root, _ = trained
+  config = _config(root / "data", tmp_path / "features", text_encoder="minilm")
+  config.total_steps, config.eval_every = 4, 4
+  result = loop.train(config, str(tmp_path / "w"), devices=jax.devices()[:1],
+                      log=lambda _: None)
+  assert result.status == "finished"
+  model = load_trained(str(tmp_path / "w")).model
+  assert (model.config.text_dim, model.config.image_dim) == (384, 64)
+  store = features.open_store(tmp_path / "features")
+  assert store.manifest.fingerprint["text_encoder"] == "minilm"
+  claim = MochegRelease(root / "data" / "release").claims("train")[0].claim
+  states, mask = store.text([claim])
+  minilm = st.load(str(minilm_dir()))
+  tokens = minilm.tokenizer([claim], max_length=32, truncation=True, return_tensors="np")
+  want = features.text_hidden_states(minilm.encoder, tokens["input_ids"],
+                                     tokens["attention_mask"])
+  n = int(tokens["attention_mask"].sum())
+  assert mask[0].sum() == n
+  np.testing.assert_allclose(states[0, :n].astype(np.float32), np.asarray(want)[0, :n],
+                             atol=2e-2, rtol=2e-2)
+  # A store is tied to its encoders: the CLIP-text store of this file refuses MiniLM runs.
+  config.verify.features_dir = str(root / "features")
+  with pytest.raises(MochegInputError, match="encoded by another model \(text_encoder: store "
+                     "has None, asked for .minilm.\)"):
+    loop.train(config, str(tmp_path / "w2"), devices=jax.devices()[:1], log=lambda _: None)

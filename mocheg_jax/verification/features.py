@@ -4,7 +4,9 @@ The stance model (stance.py) reads CLIP token states, not pixels or token ids: t
 tower's last hidden states (after its final layer norm) for claims and text evidence, and
 the vision tower's patch states (no class token, before the post-layernorm) for images.
 CLIP is frozen, so every distinct text and image is encoded once, here, and every epoch and
-run after that reads the states back memory-mapped.
+run after that reads the states back memory-mapped. Texts may instead go through a frozen
+BERT/MiniLM sentence encoder (its last hidden states; `build_store(text_model=...)`), for
+worlds without a pretrained CLIP whose text tower keeps the words apart.
 
 Layout of a store folder:
 ```
@@ -42,7 +44,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 import jax
 import numpy as np
@@ -51,6 +53,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.models import bert
 from mocheg_jax.models import clip
 from mocheg_jax.models import encoding
 
@@ -154,13 +157,34 @@ def _state_forwards(graphdef: nnx.GraphDef, dtype: str) -> tuple[Callable, Calla
 
   @jax.jit
   def text(state, ids, mask):
-    return nnx.merge(graphdef, state).text_features(ids, mask).hidden.astype(dtype)
+    return text_hidden_states(nnx.merge(graphdef, state), ids, mask).astype(dtype)
 
   @jax.jit
   def image(state, pixels):
     return nnx.merge(graphdef, state).image_features(pixels).patches.astype(dtype)
 
   return text, image
+
+
+TextModel = Union[clip.CLIPModel, bert.SentenceEncoder]
+
+
+def text_hidden_states(model: TextModel, ids: jax.Array, mask: jax.Array) -> jax.Array:
+  """Last hidden states [B, L, D] of a CLIP text tower or a BERT/MiniLM sentence encoder."""
+  if isinstance(model, clip.CLIPModel):
+    return model.text_features(ids, mask).hidden
+  hidden, _ = model.bert(ids, mask, deterministic=True)
+  return hidden
+
+
+def text_width(model: TextModel) -> int:
+  return (model.config.text.hidden_size if isinstance(model, clip.CLIPModel)
+          else model.config.hidden_size)
+
+
+def _text_positions(model: TextModel) -> int:
+  return (model.config.text.max_position_embeddings if isinstance(model, clip.CLIPModel)
+          else model.config.max_position_embeddings)
 
 
 class _Placement:
@@ -185,18 +209,19 @@ class _Placement:
     return jax.device_put(x, self.rows)
 
 
-def encode_text_states(model: clip.CLIPModel, tokenizer, texts: Sequence[str], *,
+def encode_text_states(model: TextModel, tokenizer, texts: Sequence[str], *,
                        max_length: int, batch_size: int, dtype: str,
                        sink: encoding.Sink, devices: Sequence[jax.Device] | None = None
                        ) -> None:
-  """Text-tower last hidden states [B, L, Dt] of `texts`, per batch into `sink`."""
+  """Last hidden states [B, L, Dt] of `texts` (CLIP text tower or a sentence encoder), per
+  batch into `sink`."""
   graphdef, state = nnx.split(model)
   text, _ = _state_forwards(graphdef, dtype)
   place = _Placement(devices)
   state = place.params(state)
   encoding.run_text_encoder(
       lambda ids, mask: text(state, place.batch(ids), place.batch(mask)), tokenizer, texts,
-      width=model.config.text.hidden_size, max_length=max_length, batch_size=batch_size,
+      width=text_width(model), max_length=max_length, batch_size=batch_size,
       sink=sink)
 
 
@@ -223,9 +248,9 @@ def _clean(store_dir: str, listed: set[str]) -> None:
       shutil.rmtree(os.path.join(store_dir, name), ignore_errors=True)
 
 
-def _write_part(tmp: str, model: clip.CLIPModel, tokenizer, texts: list[str],
-                paths: list[str], *, max_text_len: int, batch_size: int, dtype: str,
-                devices) -> dict[str, int]:
+def _write_part(tmp: str, model: clip.CLIPModel, text_model: TextModel, tokenizer,
+                texts: list[str], paths: list[str], *, max_text_len: int, batch_size: int,
+                dtype: str, devices) -> dict[str, int]:
   os.makedirs(tmp)
   info = {"texts": len(texts), "tokens": 0, "images": len(paths)}
   if texts:
@@ -235,7 +260,7 @@ def _write_part(tmp: str, model: clip.CLIPModel, tokenizer, texts: list[str],
     info["tokens"] = int(offsets[-1])
     states = np.lib.format.open_memmap(
         os.path.join(tmp, "text_states.npy"), "w+", np.dtype(dtype),
-        (info["tokens"], model.config.text.hidden_size))
+        (info["tokens"], text_width(text_model)))
 
     def text_sink(rows, values, got):
       for r, v, n in zip(rows, values, got):
@@ -243,7 +268,7 @@ def _write_part(tmp: str, model: clip.CLIPModel, tokenizer, texts: list[str],
           raise AssertionError(f"text {r}: {n} tokens, expected {lengths[r]}")
         states[offsets[r]:offsets[r + 1]] = v[:n]
 
-    encode_text_states(model, tokenizer, texts, max_length=max_text_len,
+    encode_text_states(text_model, tokenizer, texts, max_length=max_text_len,
                        batch_size=batch_size, dtype=dtype, sink=text_sink, devices=devices)
     states.flush()
     del states
@@ -270,7 +295,8 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
                 texts: Sequence[str], image_paths: Sequence[str | os.PathLike], *,
                 fingerprint: dict, max_text_len: int = 77, batch_size: int = 64,
                 dtype: str = "float16", devices: Sequence[jax.Device] | None = None,
-                log: Callable[[str], None] | None = None) -> StoreManifest:
+                log: Callable[[str], None] | None = None,
+                text_model: bert.SentenceEncoder | None = None) -> StoreManifest:
   """Encodes the texts and images a store lacks and adds them as a new part.
 
   Args:
@@ -286,6 +312,8 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
     dtype: "float16" or "float32" storage (and device output) type.
     devices: the devices to split batches over; None: every local device.
     log: receives one line per part written.
+    text_model: encodes the texts instead of CLIP's text tower (a BERT/MiniLM sentence
+      encoder; `tokenizer` is then its tokenizer). Images always go through CLIP.
 
   Returns:
     The store's manifest after the build.
@@ -297,15 +325,16 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
   store_dir = os.fspath(out_dir)
   if dtype not in DTYPES:
     raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
-  positions = clip_model.config.text.max_position_embeddings
+  text_encoder = clip_model if text_model is None else text_model
+  positions = _text_positions(text_encoder)
   if not 2 <= max_text_len <= positions:
     raise ValueError(f"max_text_len {max_text_len} must be in [2, {positions}] "
-                     "(the text tower's max_position_embeddings)")
-  encoding.check_clip_tokenizer(clip_model, tokenizer)
+                     "(the text encoder's max_position_embeddings)")
+  if text_model is None:
+    encoding.check_clip_tokenizer(clip_model, tokenizer)
   vision = clip_model.config.vision
   wanted = StoreManifest(_canonical(fingerprint), dtype, int(max_text_len),
-                         clip_model.config.text.hidden_size, vision.hidden_size,
-                         vision.num_patches)
+                         text_width(text_encoder), vision.hidden_size, vision.num_patches)
   os.makedirs(store_dir, exist_ok=True)
   manifest = _read_manifest(store_dir)
   have_texts: set[str] = set()
@@ -338,7 +367,7 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
 
   name = f"part-{len(manifest.parts):05d}"
   tmp = os.path.join(store_dir, f"{_TMP_PREFIX}{name}")
-  info = _write_part(tmp, clip_model, tokenizer, new_texts, new_paths,
+  info = _write_part(tmp, clip_model, text_encoder, tokenizer, new_texts, new_paths,
                      max_text_len=max_text_len, batch_size=batch_size, dtype=dtype,
                      devices=devices)
   _write_json(os.path.join(tmp, "part.json"), info)

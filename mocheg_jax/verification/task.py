@@ -2,7 +2,11 @@
 
 The frozen CLIP (`verify.clip`) is a trained image retriever's workdir (the main job uses
 its own), a local HF CLIP folder (the paper's ViT-B/32), or "random" (a small random CLIP
-of shape `verify.clip_shape`, for tests). Its token states for every claim, text item and
+of shape `verify.clip_shape`, for tests). Claims and text items go through its text tower
+(the reference) or, with `verify.text_encoder`, through a frozen MiniLM (the packaged one, a
+text retriever's workdir, or a sentence-transformers folder): a small CLIP trained only for
+image retrieval has text token states too weak to compare the claim's values with the
+evidence's. Its token states for every claim, text item and
 image the run needs are computed once into a feature store (`verify.features_dir`, default
 WORKDIR/features; stages sharing a CLIP can share one) and training reads only the store.
 
@@ -29,7 +33,7 @@ from flax import nnx
 from mocheg_jax.data.labels import LABEL_NAMES
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
-from mocheg_jax.data.tokenizers import load_tokenizer
+from mocheg_jax.data.tokenizers import load_tokenizer, minilm_dir
 from mocheg_jax.metrics.classification import classification_report
 from mocheg_jax.models import clip
 from mocheg_jax.parallel import distributed
@@ -43,6 +47,8 @@ from mocheg_jax.verification.data import VerificationBatches
 
 RANDOM = "random"
 GOLD = "gold"
+CLIP_TEXT = "clip"
+MINILM = "minilm"
 DEV_SPLIT = "val"
 CHECKPOINT_DIR = "checkpoints"  # A training workdir (mocheg_jax.train.loop.CHECKPOINT_DIR).
 
@@ -51,6 +57,10 @@ def verify_config() -> ml_collections.ConfigDict:
   v = ml_collections.ConfigDict()
   v.clip = RANDOM  # A trained image retriever's workdir, a local HF CLIP folder, or random.
   v.clip_shape = image_task.model_config()  # Shape of the random CLIP (ignored otherwise).
+  # Token states of claims and text items: "clip" (its text tower, as the reference), or a
+  # frozen sentence encoder: "minilm" (the packaged all-MiniLM-L6-v2), a text retriever's
+  # training workdir, or a local sentence-transformers folder.
+  v.text_encoder = CLIP_TEXT
   v.evidence = GOLD  # "gold", or a retrieval result CSV (system evidence) for training.
   v.use_text = True
   v.use_image = True
@@ -73,8 +83,15 @@ def verify_config() -> ml_collections.ConfigDict:
 # ---- the frozen CLIP ------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class FrozenClip:
+  """The frozen encoders of a verifier: CLIP (images; texts too unless `text_model`)."""
   model: clip.CLIPModel
   tokenizer: Any
+  text_model: Any = None  # A bert.SentenceEncoder for the texts, or None: CLIP's text tower.
+  text_tokenizer: Any = None
+
+  @property
+  def texts_tokenizer(self):
+    return self.tokenizer if self.text_model is None else self.text_tokenizer
 
 
 def _clip_kind(source: str) -> str:
@@ -87,23 +104,68 @@ def _clip_kind(source: str) -> str:
   return "workdir" if os.path.isdir(os.path.join(source, CHECKPOINT_DIR)) else "hf"
 
 
+def _text_encoder_kind(source: str) -> str:
+  if source in (CLIP_TEXT, MINILM):
+    return source
+  if not source or not os.path.isdir(source):
+    raise MochegInputError(f"config.verify.text_encoder {source!r} is not a folder (expected "
+                           "'clip', 'minilm', a text retriever's training workdir, or a local "
+                           "sentence-transformers folder)")
+  return "workdir" if os.path.isdir(os.path.join(source, CHECKPOINT_DIR)) else "folder"
+
+
+def _workdir_fingerprint(folder: str) -> dict:
+  from mocheg_jax.train.restore import checkpoint_step  # A trainer workdir.
+  checkpoints, step = checkpoint_step(folder, "best")
+  checkpoints.close()
+  return {"workdir": folder, "step": int(step)}
+
+
 def clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> dict:
   """Who encodes the feature store, known without loading any weights."""
+  out = _clip_fingerprint(v, wordpiece_dir, seed)
+  kind = _text_encoder_kind(v.text_encoder)
+  if kind != CLIP_TEXT:
+    folder = os.path.abspath(v.text_encoder)
+    out["text_encoder"] = (MINILM if kind == MINILM else _workdir_fingerprint(folder)
+                           if kind == "workdir" else {"folder": folder})
+  return out
+
+
+def _clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> dict:
   kind = _clip_kind(v.clip)
   if kind == RANDOM:
     return {"clip": RANDOM, "seed": seed, "shape": v.clip_shape.to_dict(),
             "tokenizer": os.path.abspath(wordpiece_dir)}
   folder = os.path.abspath(v.clip)
   if kind == "workdir":
-    from mocheg_jax.train.restore import checkpoint_step  # A trainer workdir.
-    checkpoints, step = checkpoint_step(folder, "best")
-    checkpoints.close()
-    return {"clip": folder, "step": int(step)}
+    return {"clip": folder, "step": _workdir_fingerprint(folder)["step"]}
   return {"clip": folder}
 
 
 def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
-  """The CLIP named by `verify.clip` (see the module docstring)."""
+  """The CLIP named by `verify.clip` and the text encoder named by `verify.text_encoder`."""
+  frozen = _load_clip(v, wordpiece_dir, seed)
+  kind = _text_encoder_kind(v.text_encoder)
+  if kind == CLIP_TEXT:
+    return frozen
+  from mocheg_jax.models import sentence_transformers as st  # Only for these options.
+  if kind == "workdir":
+    from mocheg_jax.train.restore import load_trained
+    trained = load_trained(os.path.abspath(v.text_encoder), "best")
+    encoder = getattr(trained.model, "encoder", None)
+    if encoder is None or not hasattr(trained.task.inference, "tokenizer_dir"):
+      raise MochegInputError(f"config.verify.text_encoder {v.text_encoder}: its task "
+                             f"({trained.config.task}) is not a text retriever")
+    return dataclasses.replace(frozen, text_model=encoder, text_tokenizer=load_tokenizer(
+        trained.task.inference.tokenizer_dir))
+  folder = str(minilm_dir()) if kind == MINILM else os.path.abspath(v.text_encoder)
+  sentence_model = st.load(folder)
+  return dataclasses.replace(frozen, text_model=sentence_model.encoder,
+                             text_tokenizer=sentence_model.tokenizer)
+
+
+def _load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
   kind = _clip_kind(v.clip)
   if kind == RANDOM:
     tokenizer = load_tokenizer(wordpiece_dir)
@@ -188,9 +250,10 @@ class Verifier:
       if distributed.is_primary():
         frozen = self.clip_loader()
         v = self.config.verify
-        features.build_store(self.features_dir, frozen.model, frozen.tokenizer, texts, images,
-                             fingerprint=self.fingerprint, max_text_len=v.max_text_len,
-                             batch_size=v.encode_batch_size, dtype=v.feature_dtype)
+        features.build_store(self.features_dir, frozen.model, frozen.texts_tokenizer, texts,
+                             images, fingerprint=self.fingerprint,
+                             max_text_len=v.max_text_len, batch_size=v.encode_batch_size,
+                             dtype=v.feature_dtype, text_model=frozen.text_model)
       distributed.sync("verification-feature-store")
       store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint)
     return store
