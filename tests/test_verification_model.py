@@ -1,9 +1,11 @@
 """The stance-detection model against a PyTorch re-statement of the reference, its loss, and
 the verification baselines.
 
-`TorchReference` restates VT-NLP/Mocheg's BertMultiwayMatch2 (verification/util/stance_detect.py)
-and runs it the way the reference does: one claim per call, the claim repeated over that
-claim's evidence items, and the image branch skipped for a claim with no image.
+`TorchReference` (benchmarks/torch_stance.py's `TorchStance`, shared with the training
+benchmark) restates VT-NLP/Mocheg's BertMultiwayMatch2 (verification/util/stance_detect.py).
+Its `forward` runs it the way the reference does: one claim per call, the claim repeated over
+that claim's evidence items, and the image branch skipped for a claim with no image. Its
+`batched` is the benchmark's masked batch version, checked here against ours too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
+from benchmarks.torch_stance import TorchStance as TorchReference
+from benchmarks.torch_stance import to_torch
 from mocheg_jax.verification import baselines
 from mocheg_jax.verification.stance import (StanceConfig, StanceDetector, class_weights,
                                             weighted_cross_entropy)
@@ -30,44 +34,6 @@ PAPER_PATCHES, SMALL_PATCHES = 49, 9
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class TorchReference(torch.nn.Module):
-  """BertMultiwayMatch2, one claim at a time (claim [1, Lc, Dt], items [n, L, D])."""
-
-  def __init__(self, cfg: StanceConfig):
-    super().__init__()
-    dt, dv, hidden = cfg.text_dim, cfg.image_dim, cfg.hidden
-    self.use_text, self.use_image, self.hidden = cfg.use_text, cfg.use_image, hidden
-    self.linear_fuse_p = torch.nn.Linear(2 * dt, hidden)
-    self.classifier = torch.nn.Linear(2 * hidden, 3)
-    self.classifier_text = torch.nn.Linear(hidden, 3)
-    self.txt_multihead_attn = torch.nn.MultiheadAttention(dt, cfg.heads, kdim=dt, vdim=dt,
-                                                          batch_first=True)
-    self.img_multihead_attn = torch.nn.MultiheadAttention(dt, cfg.heads, kdim=dv, vdim=dv,
-                                                          batch_first=True)
-
-  def gen_stance(self, attn, claim, evidence, claim_mask, evidence_mask):
-    claim_rep = claim.repeat(evidence.shape[0], 1, 1)
-    m, _ = attn(claim_rep, evidence, evidence, key_padding_mask=~evidence_mask.bool())
-    h = F.leaky_relu(self.linear_fuse_p(torch.cat([m - claim_rep, m * claim_rep], 2)))
-    h = h.masked_fill(~claim_mask.bool().unsqueeze(-1), -10000)
-    return torch.mean(torch.max(h, 1).values, 0, True)  # [1, hidden]
-
-  def stances(self, claim, claim_mask, text, text_mask, image):
-    out = []
-    if self.use_text:
-      out.append(self.gen_stance(self.txt_multihead_attn, claim, text, claim_mask, text_mask))
-    if self.use_image and image is not None:  # has_image
-      ones = torch.ones(image.shape[:2])
-      out.append(self.gen_stance(self.img_multihead_attn, claim, image, claim_mask, ones))
-    return out
-
-  def forward(self, claim, claim_mask, text, text_mask, image):
-    stance = torch.cat(self.stances(claim, claim_mask, text, text_mask, image), -1)
-    if stance.shape[-1] == self.hidden:
-      return self.classifier_text(stance)
-    return self.classifier(stance)
-
-
 def _randomize(model: nnx.Module, seed: int, scale: float = 0.05) -> None:
   """Random weights and biases (the init has zero biases, which would hide bias bugs)."""
   state = nnx.state(model, nnx.Param)
@@ -79,50 +45,6 @@ def _randomize(model: nnx.Module, seed: int, scale: float = 0.05) -> None:
 
 def _t(x) -> torch.Tensor:
   return torch.from_numpy(np.array(x, np.float32))
-
-
-def _copy_attention(ours, mha: torch.nn.MultiheadAttention, packed: bool) -> None:
-  def w(dense):  # [in, H, D] -> torch [H*D, in]
-    k = np.asarray(dense.kernel[...])
-    return _t(k.reshape(k.shape[0], -1).T)
-
-  def b(dense):
-    return _t(np.asarray(dense.bias[...]).reshape(-1))
-
-  with torch.no_grad():
-    if packed:
-      mha.in_proj_weight.copy_(torch.cat([w(ours.query), w(ours.key), w(ours.value)], 0))
-    else:
-      mha.q_proj_weight.copy_(w(ours.query))
-      mha.k_proj_weight.copy_(w(ours.key))
-      mha.v_proj_weight.copy_(w(ours.value))
-    mha.in_proj_bias.copy_(torch.cat([b(ours.query), b(ours.key), b(ours.value)]))
-    out = np.asarray(ours.out.kernel[...])  # [H, D, E]
-    mha.out_proj.weight.copy_(_t(out.reshape(-1, out.shape[-1]).T))
-    mha.out_proj.bias.copy_(_t(ours.out.bias[...]))
-
-
-def _copy_dense(ours, linear: torch.nn.Linear) -> None:
-  with torch.no_grad():
-    linear.weight.copy_(_t(np.asarray(ours.kernel[...]).T))
-    linear.bias.copy_(_t(ours.bias[...]))
-
-
-def to_torch(model: StanceDetector) -> TorchReference:
-  cfg = model.config
-  ref = TorchReference(cfg).eval()
-  if cfg.use_text:
-    _copy_attention(model.text_attention, ref.txt_multihead_attn, packed=True)
-  if cfg.use_image:
-    _copy_attention(model.image_attention, ref.img_multihead_attn, packed=False)
-  _copy_dense(model.fuse, ref.linear_fuse_p)
-  if cfg.num_modalities == 2:
-    _copy_dense(model.classifier, ref.classifier)
-    if model.classifier_single is not None:
-      _copy_dense(model.classifier_single, ref.classifier_text)
-  else:
-    _copy_dense(model.classifier, ref.classifier_text)
-  return ref
 
 
 # Per claim: (claim length, text item lengths, number of images). Claim 1 has no image,
@@ -224,6 +146,36 @@ def test_batched_logits_match_reference_per_claim(heads, dims, patches):
   # ... we define it by the reference's one-modality rule: classifier_text(image stance).
   np.testing.assert_allclose(ours[2], reference_logits(ref, claims[2], use_text=False),
                              atol=1e-5, rtol=1e-5)
+
+
+def test_benchmark_batched_torch_matches_ours_with_gradients():
+  """The training benchmark's batched torch side computes our function, padding included."""
+  model = build(13)
+  ref = to_torch(model)
+  batch = make_batch(make_claims(13), items=(4, 3), tokens=12, seed=3)
+  batch["text_mask"] = batch["text_mask"].at[3].set(False)  # claim 3: images only ...
+  batch["image_mask"] = batch["image_mask"].at[3].set(False)  # ... and then nothing at all
+  labels, weights = np.array([2, 0, 1, 1]), class_weights([5, 3, 2])
+  tb = {k: torch.from_numpy(np.array(v)) for k, v in batch.items()}
+  logits = ref.batched(tb["claim"], tb["claim_mask"], tb["text"], tb["text_mask"],
+                       tb["image"], tb["image_mask"])
+  loss = F.cross_entropy(logits, torch.from_numpy(labels), weight=torch.from_numpy(weights))
+  loss.backward()
+
+  def our_loss(m):
+    out = m(**batch)
+    return weighted_cross_entropy(out, jnp.asarray(labels), jnp.asarray(weights)), out
+
+  (ours_loss, ours), grads = nnx.jit(nnx.value_and_grad(our_loss, has_aux=True))(model)
+  np.testing.assert_allclose(logits.detach().numpy(), np.asarray(ours), atol=1e-5, rtol=1e-5)
+  assert abs(loss.item() - float(ours_loss)) < 1e-5
+  # Gradients of the shared fusion layer and of the classifiers (torch weight = kernel.T).
+  for ours_dense, linear in ((grads.fuse, ref.linear_fuse_p), (grads.classifier, ref.classifier),
+                             (grads.classifier_single, ref.classifier_text)):
+    np.testing.assert_allclose(linear.weight.grad.numpy().T, np.asarray(ours_dense.kernel[...]),
+                               atol=1e-5, rtol=1e-4)
+  # The batch really holds each path: both modalities, text only, image only, neither.
+  assert np.abs(np.asarray(grads.classifier_single.bias[...])).max() > 1e-4
 
 
 def test_single_modality_configs_match_reference():

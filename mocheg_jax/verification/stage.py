@@ -11,6 +11,7 @@ WORKDIR and is reused on a rerun (finished trainings are not repeated).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Callable, Sequence
@@ -72,15 +73,19 @@ def format_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
-def _config(scale: str, workdir: str, seed: int, clip_dir: str, features_dir: str,
-            use_text: bool, use_image: bool):
+def _config(scale: str, workdir: str, seed: int, clip_dir: str, use_text: bool,
+            use_image: bool):
   config = load_config("verify", scale)
   config.data.dir = workdir  # The world the main job prepared.
   config.data.scale = scale
   config.seed = seed
   config.verify.clip = clip_dir
-  config.verify.features_dir = features_dir  # One store for every mode.
   config.verify.use_text, config.verify.use_image = use_text, use_image
+  # One feature store per set of frozen encoders, shared by the modes: a config that changes
+  # the encoders gets a store of its own instead of a fingerprint error.
+  encoders = json.dumps(verify_task.clip_fingerprint(config.verify, "", seed), sort_keys=True)
+  config.verify.features_dir = os.path.join(
+      workdir, "features", "verification-" + hashlib.sha1(encoders.encode()).hexdigest()[:12])
   return config
 
 
@@ -111,7 +116,6 @@ def run(workdir: str, scale: str, seed: int = 0,
   release_dir = os.path.join(workdir, "release")
   clip_dir = os.path.join(workdir, "stages", "retrieval_image")
   system_csv = os.path.join(workdir, "runs", "retrieval_results.csv")
-  features_dir = os.path.join(workdir, "features", "verification")
   image_facts = image_fact_claims(scale, seed)
   release = MochegRelease(release_dir)
   rows = []
@@ -122,7 +126,7 @@ def run(workdir: str, scale: str, seed: int = 0,
 
   trained = {}
   for name, (use_text, use_image) in MODES.items():
-    config = _config(scale, workdir, seed, clip_dir, features_dir, use_text, use_image)
+    config = _config(scale, workdir, seed, clip_dir, use_text, use_image)
     stage_dir = os.path.join(workdir, "stages", f"verify_{name.replace('+', '_')}")
     log(f"training verifier ({name} evidence) in {stage_dir}")
     loop.train(config, stage_dir, log=log)
