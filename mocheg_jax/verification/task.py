@@ -94,24 +94,26 @@ class FrozenClip:
     return self.tokenizer if self.text_model is None else self.text_tokenizer
 
 
-def _clip_kind(source: str) -> str:
-  if source == RANDOM:
-    return RANDOM
+def _source_kind(field: str, source: str, names: tuple[str, ...], expected: str) -> str:
+  """`source` itself when it is one of `names`, else "workdir" (a trainer workdir) or
+  "folder" (a model folder); anything else is an error naming config.verify.<field>."""
+  if source in names:
+    return source
   if not source or not os.path.isdir(source):
-    raise MochegInputError(f"config.verify.clip {source!r} is not a folder (expected "
-                           "'random', an image retriever's training workdir, or a local HF "
-                           "CLIP folder)")
-  return "workdir" if os.path.isdir(os.path.join(source, CHECKPOINT_DIR)) else "hf"
+    raise MochegInputError(f"config.verify.{field} {source!r} is not a folder (expected "
+                           f"{expected})")
+  return "workdir" if os.path.isdir(os.path.join(source, CHECKPOINT_DIR)) else "folder"
+
+
+def _clip_kind(source: str) -> str:
+  return _source_kind("clip", source, (RANDOM,), "'random', an image retriever's training "
+                      "workdir, or a local HF CLIP folder")
 
 
 def _text_encoder_kind(source: str) -> str:
-  if source in (CLIP_TEXT, MINILM):
-    return source
-  if not source or not os.path.isdir(source):
-    raise MochegInputError(f"config.verify.text_encoder {source!r} is not a folder (expected "
-                           "'clip', 'minilm', a text retriever's training workdir, or a local "
-                           "sentence-transformers folder)")
-  return "workdir" if os.path.isdir(os.path.join(source, CHECKPOINT_DIR)) else "folder"
+  return _source_kind("text_encoder", source, (CLIP_TEXT, MINILM), "'clip', 'minilm', a "
+                      "text retriever's training workdir, or a local sentence-transformers "
+                      "folder")
 
 
 def _workdir_fingerprint(folder: str) -> dict:
