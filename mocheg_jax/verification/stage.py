@@ -137,7 +137,7 @@ def run(workdir: str, scale: str, seed: int = 0,
   add("Majority", "-", gold_all, [majority] * len(gold_all))
 
   verifier = trained["text+image"].task.inference
-  frozen = verify_task.load_clip(verifier.config.verify, "", seed)
+  frozen = verify_task.load_clip_only(verifier.config.verify, "", seed)  # CLIP embeddings.
   max_len = verifier.config.verify.max_text_len
   dev = verifier.evidence("val")
   lo, hi = baselines.fit_thresholds(_average_similarity(frozen, dev, max_len),

@@ -147,7 +147,7 @@ def _clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: in
 
 def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
   """The CLIP named by `verify.clip` and the text encoder named by `verify.text_encoder`."""
-  frozen = _load_clip(v, wordpiece_dir, seed)
+  frozen = load_clip_only(v, wordpiece_dir, seed)
   kind = _text_encoder_kind(v.text_encoder)
   if kind == CLIP_TEXT:
     return frozen
@@ -167,7 +167,8 @@ def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> Fr
                              text_tokenizer=sentence_model.tokenizer)
 
 
-def _load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
+def load_clip_only(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
+  """The CLIP named by `verify.clip`, without any separate text encoder."""
   kind = _clip_kind(v.clip)
   if kind == RANDOM:
     tokenizer = load_tokenizer(wordpiece_dir)
@@ -243,10 +244,15 @@ class Verifier:
   features_dir: str
   clip_loader: Callable[[], FrozenClip]
   fingerprint: dict
+  _opened: features.FeatureStore | None = dataclasses.field(default=None, repr=False)
 
   def store(self, *claims: Sequence[evidence_lib.ClaimEvidence]) -> features.FeatureStore:
-    """The store, extended with the texts and images of `claims` (process 0 writes)."""
+    """The store, extended with the texts and images of `claims` (process 0 writes).
+
+    The opened store is kept: every dev evaluation asks for the same claims again."""
     texts, images = evidence_lib.store_inputs(*claims)
+    if self._opened is not None and _holds(self._opened, texts, images):
+      return self._opened
     store = _open_if_complete(self.features_dir, self.fingerprint, texts, images)
     if store is None:
       if distributed.is_primary():
@@ -258,6 +264,7 @@ class Verifier:
                              dtype=v.feature_dtype, text_model=frozen.text_model)
       distributed.sync("verification-feature-store")
       store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint)
+    self._opened = store
     return store
 
   def batches(self, claims: Sequence[evidence_lib.ClaimEvidence]) -> VerificationBatches:
@@ -292,9 +299,11 @@ def _open_if_complete(store_dir: str, fingerprint: dict, texts: Sequence[str],
   if not os.path.exists(os.path.join(store_dir, features.MANIFEST)):
     return None
   store = features.open_store(store_dir, expect_fingerprint=fingerprint)
-  if all(store.has_text(t) for t in texts) and all(store.has_image(p) for p in images):
-    return store
-  return None
+  return store if _holds(store, texts, images) else None
+
+
+def _holds(store: features.FeatureStore, texts: Sequence[str], images: Sequence[str]) -> bool:
+  return all(store.has_text(t) for t in texts) and all(store.has_image(p) for p in images)
 
 
 def scores(gold: Sequence[int], probabilities: np.ndarray) -> dict[str, float]:
