@@ -178,7 +178,7 @@ def test_one_program_for_every_chunk():
   corpus, queries = _normal(5000, 16, 9), _normal(20, 16, 10)
   # 5000 rows in chunks of 8 x 128: four full chunks and a padded fifth, 3 query batches.
   search.top_k(queries, corpus, 4, mesh=mesh, chunk_size=1024, query_batch=8)
-  step = search._step_fn(mesh, search.chunk_rows(5000, 1024, 8), 4,
+  step = search.chunk_step(mesh, search.chunk_rows(5000, 1024, 8), 4,
                          jnp.dtype(jnp.float32), False, 0.95)
   assert step._cache_size() == 1
   search.top_k(queries[:7], corpus[:3000], 4, mesh=mesh, chunk_size=1024, query_batch=8)

@@ -92,6 +92,18 @@ def test_a_config_saved_before_a_field_existed_gets_its_default():
   assert config.task == saved["task"] and config.toy.to_dict() == saved["toy"]
 
 
+def test_a_saved_config_gets_its_task_sections_defaults():
+  # A verifier trained before `verify.text_attention` existed still loads, as "learned".
+  saved = {"task": "mocheg_jax.verification.task:make_task",
+           "verify": {"clip": "/some/clip", "hidden": 7}}
+  config = restore.saved_config(saved)
+  assert config.verify.clip == "/some/clip" and config.verify.hidden == 7
+  assert config.verify.text_attention == "learned"
+  assert config.verify.clip_shape.text_hidden > 0  # Nested sections are filled too.
+  # A task module without config_defaults() gets the trainer's defaults only.
+  assert "verify" not in restore.saved_config(toy_config().to_dict())
+
+
 def test_early_stopping_and_a_rerun_after_it(tmp_path):
   # dev/score per step: best 0.7 at step 4; steps 6, 8 and 10 are worse, so with patience 3
   # training stops at step 10 (evaluations every 2 steps), keeping step 4 as the best.

@@ -200,6 +200,76 @@ def test_single_modality_configs_match_reference():
   np.testing.assert_allclose(ours[1], np.asarray(image_only.classifier.bias[...]), atol=1e-6)
 
 
+def _cosine_text_logits(model: StanceDetector, c: dict) -> np.ndarray:
+  """The cosine-alignment text-only model for one claim, in plain numpy float64."""
+  p = lambda x: np.asarray(x[...], np.float64)
+  claim, evidence = c["claim"][c["claim_mask"]].astype(np.float64), c["text"]
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  scale = np.exp(p(model.text_log_scale))
+  stances = []
+  for item, mask in zip(evidence, c["text_mask"]):
+    keys = item[mask].astype(np.float64)
+    scores = scale * unit(claim) @ unit(keys).T
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    m = (weights / weights.sum(-1, keepdims=True)) @ keys
+    h = np.concatenate([m - claim, m * claim], -1) @ p(model.fuse.kernel) + p(model.fuse.bias)
+    stances.append(np.where(h > 0, h, 0.01 * h).max(0))
+  stance = np.mean(stances, 0)
+  return stance @ p(model.classifier.kernel) + p(model.classifier.bias)
+
+
+def test_cosine_text_attention_matches_numpy_and_ignores_padding():
+  claims = make_claims(12)
+  model = build(12, use_image=False, text_attention="cosine")
+  assert model.text_attention is None
+  model.text_log_scale[...] = jnp.log(7.0)
+  keys = ("claim", "claim_mask", "text", "text_mask")
+  tight = run(model, {k: v for k, v in make_batch(claims, seed=1).items() if k in keys})
+  padded = run(model, {k: v for k, v in make_batch(claims, items=(5, 1), tokens=14,
+                                                     seed=2).items() if k in keys})
+  np.testing.assert_allclose(padded, tight, atol=2e-5, rtol=1e-5)
+  for i in (0, 1, 3):
+    np.testing.assert_allclose(tight[i], _cosine_text_logits(model, claims[i]), atol=1e-4,
+                               rtol=1e-4)
+  # Another scale changes the logits: the temperature is live.
+  model.text_log_scale[...] = jnp.log(0.5)
+  assert np.abs(run(model, {k: v for k, v in make_batch(claims, seed=1).items()
+                            if k in keys}) - tight).max() > 1e-4
+
+
+def test_cosine_alignment_returns_the_repeated_claim_token():
+  # Evidence that repeats each claim token (among other tokens) gives m = c at a sharp
+  # temperature, whatever the vectors' norms: what the learned projections fail to find.
+  model = build(13, use_image=False, text_attention="cosine")
+  model.text_log_scale[...] = jnp.log(200.0)
+  rng = np.random.default_rng(13)
+  claim = rng.normal(size=(2, 6, SMALL["text_dim"]))
+  others = rng.normal(size=(2, 1, 5, SMALL["text_dim"]))
+  evidence = np.concatenate([others, claim[:, None, ::-1]], axis=2)  # [B, 1, 11, D]
+  keys = np.ones(evidence.shape[:3], bool)
+  m = model._align(jnp.asarray(claim, jnp.float32), jnp.asarray(evidence, jnp.float32),
+                   jnp.asarray(keys))
+  np.testing.assert_allclose(np.asarray(m)[:, 0], claim, atol=1e-3)
+  # Without the copies, m is something else.
+  m = model._align(jnp.asarray(claim, jnp.float32), jnp.asarray(others, jnp.float32),
+                   jnp.asarray(keys[:, :, :5]))
+  assert np.abs(np.asarray(m)[:, 0] - claim).max() > 0.5
+
+
+def test_cosine_text_attention_with_images_has_finite_gradients():
+  model = build(14, text_attention="cosine")
+  batch = make_batch(make_claims(14))
+  batch["text_mask"] = batch["text_mask"].at[0].set(False)
+
+  def loss(m):
+    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  grads = nnx.jit(nnx.grad(loss))(model)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert abs(float(grads.text_log_scale[...])) > 0  # The temperature learns.
+
+
 def test_zeros_mode_uses_one_classifier_with_zero_stances():
   claims = make_claims(4)
   model = build(5, missing_modality="zeros")
@@ -311,6 +381,8 @@ def test_bad_shapes_are_clear_errors():
     StanceConfig(use_text=False, use_image=False)
   with pytest.raises(ValueError, match="missing_modality"):
     StanceConfig(missing_modality="drop")
+  with pytest.raises(ValueError, match="text_attention"):
+    StanceConfig(text_attention="dot")
 
 
 # ---- loss -----------------------------------------------------------------------------------

@@ -97,9 +97,12 @@ def _local_top_k(q: jax.Array, c: jax.Array, first: jax.Array, n: jax.Array, k: 
 
 
 @functools.lru_cache(maxsize=32)
-def _step_fn(mesh: jax.sharding.Mesh, rows: int, k: int, dtype: jnp.dtype, approx: bool,
+def chunk_step(mesh: jax.sharding.Mesh, rows: int, k: int, dtype: jnp.dtype, approx: bool,
              recall_target: float):
   """jit(queries, chunk, first, n, best_scores, best_rows) -> the merged running top-k.
+
+  The compiled step `top_k` runs per corpus chunk; public so that a caller whose corpus is
+  already in device memory (benchmarks/gpu_search.py) times exactly this program.
 
   queries [Q, D] and the running top-k [Q, k] are replicated; chunk [rows * devices, D] is
   split by rows over all mesh axes; first (the chunk's global row) and n (the corpus size)
@@ -211,7 +214,7 @@ def top_k(queries: np.ndarray, index: EmbeddingIndex | np.ndarray, k: int, *,
   mesh = _default_mesh() if mesh is None else mesh
   devices = mesh.devices.size
   rows = chunk_rows(n, chunk_size, devices)
-  step = _step_fn(mesh, rows, k, jnp.dtype(dtype), bool(approx), float(recall_target))
+  step = chunk_step(mesh, rows, k, jnp.dtype(dtype), bool(approx), float(recall_target))
   batches = -(-nq // query_batch)
   qb = _round_up(-(-nq // batches), 8)
   padded = np.zeros((batches * qb, dim), np.float32)

@@ -71,9 +71,12 @@ def _merged(defaults: dict, saved: dict) -> dict:
 
 
 def saved_config(saved: dict) -> ml_collections.ConfigDict:
-  """A checkpoint's config with the trainer's current defaults under it, so a checkpoint
-  written before a field existed (e.g. `data.dir`) still loads."""
-  return ml_collections.ConfigDict(_merged(config_lib.base_config().to_dict(), saved))
+  """A checkpoint's config with the trainer's and its task's current defaults under it, so a
+  checkpoint written before a field existed (e.g. `data.dir`) still loads."""
+  defaults = config_lib.base_config().to_dict()
+  if saved.get("task"):
+    defaults = _merged(defaults, task_lib.config_defaults(saved["task"]))
+  return ml_collections.ConfigDict(_merged(defaults, saved))
 
 
 def load_trained(workdir: str, which: str = "best") -> Trained:

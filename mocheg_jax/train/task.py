@@ -73,8 +73,7 @@ class Task:
 REGISTRY: dict[str, str] = {}
 
 
-def resolve(name: str) -> Callable[[ml_collections.ConfigDict, str], Task]:
-  """The `make_task` function named by `config.task` ("module:function" or a short name)."""
+def _module_and_attr(name: str):
   target = REGISTRY.get(name, name)
   module_name, sep, attr = target.partition(":")
   if not sep or not module_name or not attr:
@@ -85,6 +84,26 @@ def resolve(name: str) -> Callable[[ml_collections.ConfigDict, str], Task]:
     module = importlib.import_module(module_name)
   except ImportError as e:
     raise ValueError(f"config.task {name!r}: cannot import {module_name!r} ({e})") from e
+  return module, attr
+
+
+def resolve(name: str) -> Callable[[ml_collections.ConfigDict, str], Task]:
+  """The `make_task` function named by `config.task` ("module:function" or a short name)."""
+  module, attr = _module_and_attr(name)
   if not hasattr(module, attr):
-    raise ValueError(f"config.task {name!r}: module {module_name!r} has no {attr!r}")
+    raise ValueError(f"config.task {name!r}: module {module.__name__!r} has no {attr!r}")
   return getattr(module, attr)
+
+
+def config_defaults(name: str) -> dict:
+  """The task's own config sections with their current defaults ({} if it declares none).
+
+  A task module may define `config_defaults() -> dict` (e.g. {"verify": verify_config()}),
+  so a checkpoint written before one of its fields existed still loads.
+  """
+  module, _ = _module_and_attr(name)
+  defaults = getattr(module, "config_defaults", None)
+  if defaults is None:
+    return {}
+  return {key: value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+          for key, value in defaults().items()}

@@ -66,6 +66,7 @@ def verify_config() -> ml_collections.ConfigDict:
   v.use_image = True
   v.hidden = 512  # Fusion output (the stance vector), as the reference.
   v.heads = 1
+  v.text_attention = "learned"  # or "cosine" (stance.StanceConfig.text_attention).
   v.dropout = 0.0
   v.missing_modality = "reference"  # or "zeros" (see stance.py).
   v.loss_weight_power = 2.0
@@ -78,6 +79,11 @@ def verify_config() -> ml_collections.ConfigDict:
   v.encode_batch_size = 64
   v.eval_batch_size = 64
   return v
+
+
+def config_defaults() -> dict:
+  """This task's config sections (train.task.config_defaults: old checkpoints still load)."""
+  return {"verify": verify_config()}
 
 
 # ---- the frozen CLIP ------------------------------------------------------------------------
@@ -192,7 +198,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
   return stance.StanceConfig(text_dim=manifest.text_dim, image_dim=manifest.image_dim,
                              hidden=v.hidden, heads=v.heads, dropout=v.dropout,
                              use_text=v.use_text, use_image=v.use_image,
-                             missing_modality=v.missing_modality)
+                             missing_modality=v.missing_modality,
+                             text_attention=v.text_attention)
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,

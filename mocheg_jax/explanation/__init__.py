@@ -1,0 +1,1 @@
+"""Explanation generation: BART with the classifier reward, its baselines and Table 5."""
