@@ -376,7 +376,8 @@ def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
 # ---- entry points -------------------------------------------------------------------------
 def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
                   config: GenerationConfig, rng: jax.Array | None = None, *,
-                  knobs: Knobs | None = None) -> GenerateOutput:
+                  knobs: Knobs | None = None,
+                  memory: jax.Array | None = None) -> GenerateOutput:
   """Generation as a pure, traceable function (call it inside jax.jit / nnx.jit).
 
   Args:
@@ -387,6 +388,8 @@ def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
     rng: a PRNG key, required when config.do_sample.
     knobs: run-time values of the dynamic settings; by default those of `config` (then
       `config` may be the full config; with knobs, only its static part is read).
+    memory: the encoder memory of `input_ids` [B, S, D] when the caller already has it
+      (a loss that also scores the generation); no gradient flows into it from here.
   """
   config.validate(model.config.max_position_embeddings)
   if config.do_sample and rng is None:
@@ -398,7 +401,10 @@ def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
   # samples from the model it trains (REINFORCE) can call this inside its grad function.
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   model = nnx.merge(graphdef, jax.lax.stop_gradient(params), rest)
-  memory = model.encode(input_ids, attention_mask)
+  if memory is None:
+    memory = model.encode(input_ids, attention_mask)
+  else:
+    memory = jax.lax.stop_gradient(memory)
   if config.num_beams > 1:
     return _beam_search(model, memory, attention_mask, config, knobs)
   return _greedy_or_sample(model, memory, attention_mask, config, knobs, rng)
@@ -434,3 +440,27 @@ def generate(model: Bart, input_ids: jax.Array, attention_mask: jax.Array | None
   graphdef, state = nnx.split(model)
   return _generate_jit(graphdef, state, input_ids, jnp.asarray(attention_mask, jnp.int32), rng,
                        knobs, static)
+
+
+def generated_tokens(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
+                     config: GenerationConfig, rng: jax.Array | None = None, *,
+                     memory: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """The generated tokens and their mask, for use inside another jitted function.
+
+  The decoder start token is dropped, so row b is what a teacher-forced pass would take as
+  labels: `ids[b, t]` is the token generated after `ids[b, :t]` (decoder inputs are the
+  start token followed by `ids[:, :-1]`). No gradient flows through the tokens.
+
+  Args:
+    model, input_ids, attention_mask, config, rng, memory: as `generate_core` (greedy,
+      sampling or beam search; `rng` is required when sampling).
+
+  Returns:
+    ids: int32 [B, max_length - 1]: the tokens, then pad ids after the first EOS.
+    mask: bool [B, max_length - 1]: True up to and including the first EOS (every
+      position of a row that never produced one).
+  """
+  out = generate_core(model, input_ids, attention_mask, config, rng, memory=memory)
+  ids = out.sequences[:, 1:]
+  mask = jnp.arange(ids.shape[1])[None, :] < (out.lengths - 1)[:, None]
+  return ids, mask

@@ -1,0 +1,84 @@
+"""Explanation generation: BART trained with NLL + the truthfulness classifier's REINFORCE
+reward (Table 5's generator).
+
+  python scripts/train.py --config=configs/explain.py:tiny --workdir=runs/explain \
+      [--config.explain.classifier=CLASSIFIER_WORKDIR] [--config.explain.baseline=none]
+
+Variants:
+  tiny:  a 2-layer random BART on the tiny world's BPE; a few minutes on a CPU. NLL only
+         unless a classifier workdir is given (then the reward term starts at step 20).
+  small: a 3-layer random BART on the small world.
+  paper: the reference's settings: facebook/bart-large from a local folder
+         (--config.explain.init=PATH/bart-large, required), source 512 / target 400 tokens,
+         AdamW lr 1e-4, effective batch 192 (gradient accumulation: lower or raise
+         accum_steps to fit memory; the result is the same), sc_weight 0.5 from step 20,
+         beam 4, no_repeat_ngram_size 3, max 400 tokens; pass the release with
+         --config.data.release=DIR and the classifier with --config.explain.classifier
+         (it scores the generator's token ids inside the step, so it must use the same
+         tokenizer: a bart_encoder classifier, not the reference's bert-base-uncased).
+Reference behaviours as flags: --config.explain.baseline=none (no baseline),
+--config.explain.teacher_forced_sampling=True (per-position sampling from teacher-forced
+logits), --config.explain.left_truncation=True (cuts the source from the left).
+"""
+
+from mocheg_jax.explanation import generator_task
+from mocheg_jax.train import config as config_lib
+
+
+def get_config(variant: str = "tiny"):
+  c = config_lib.base_config()
+  c.task = "mocheg_jax.explanation.generator_task:make_task"
+  c.explain = generator_task.explain_config()
+  c.best_metric = "dev/rougeL"
+  c.optimizer.name = "adamw"
+  c.optimizer.schedule = "linear"
+  c.optimizer.weight_decay = 0.0
+  c.optimizer.clip_norm = 1.0
+  if variant == "tiny":
+    c.total_steps = 200
+    c.batch_size = 16
+    c.log_every = 20
+    c.eval_every = 100
+    c.checkpoint_every = 100
+    c.optimizer.learning_rate = 2e-3
+    c.optimizer.warmup_steps = 10
+    c.explain.max_positions = 256
+    c.explain.max_source_len = 128
+    c.explain.max_target_len = 128
+    c.explain.sample_max_length = 64
+    c.explain.max_decode_length = 128
+  elif variant == "small":
+    c.data.scale = "small"
+    c.total_steps = 1500
+    c.batch_size = 32
+    c.log_every = 50
+    c.eval_every = 250
+    c.checkpoint_every = 250
+    c.early_stopping_patience = 3
+    c.optimizer.learning_rate = 1e-3
+    c.optimizer.warmup_steps = 50
+    c.explain.d_model = 128
+    c.explain.layers = 3
+    c.explain.ffn = 512
+    c.explain.max_positions = 512
+    c.explain.max_source_len = 256
+    c.explain.max_target_len = 192
+    c.explain.sample_max_length = 193
+    c.explain.max_decode_length = 193
+    c.explain.eval_max_claims = 256
+  elif variant == "paper":
+    c.data.scale = "paper"
+    c.explain.init = ""  # Required: a local facebook/bart-large folder.
+    c.freeze = "final_logits_bias"  # A buffer in transformers, never trained there.
+    c.total_steps = 1500  # About 25 epochs of the 11,669 training claims.
+    c.batch_size = 192
+    c.accum_steps = 12
+    c.log_every = 10
+    c.eval_every = 100
+    c.checkpoint_every = 100
+    c.early_stopping_patience = 5
+    c.optimizer.learning_rate = 1e-4
+    c.explain.eval_batch_size = 32
+  else:
+    raise ValueError(f"unknown variant {variant!r}: expected tiny, small or paper")
+  return c

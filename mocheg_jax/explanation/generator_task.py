@@ -1,0 +1,346 @@
+"""The explanation generator as a trainer task: BART, NLL + the classifier's REINFORCE reward.
+
+Source "{label} </s> {claim} </s> {evidence}" (the claim's gold label and evidence; at most
+`explain.max_source_len` tokens, the evidence cut first unless `explain.left_truncation`
+reproduces the reference), target the gold ruling outline (`explain.max_target_len`).
+The loss is `reinforce.explanation_loss`: token NLL, plus sc_weight x the policy-gradient
+term from `explain.sc_start_step` on, when a classifier is given.
+
+The model is our NNX `Bart`: random with the `explain` shape on the world's BPE tokenizer
+(`explain.init="random"`), or a local HF BART folder (facebook/bart-large for the paper),
+whose own tokenizer is then used. The reward model is the frozen truthfulness classifier of
+`explain.classifier` (a classifier's training workdir; "" trains on the NLL alone).
+
+The trainer's loss sees only (model, batch), so the data iterator numbers the batches: the
+`step` field (the optimizer step, saved and restored with the iterator position) is what
+switches the reward term on inside the jitted step. The sample's PRNG key comes from the
+model's own RNG stream, which the trainer reseeds from fold_in(rng, step).
+
+Dev evaluation: beam search (`explain.num_beams`, `no_repeat_ngram_size`,
+`max_decode_length`) on the dev claims, ROUGE-1/2/L/Lsum against the gold explanations
+(best_metric "dev/rougeL"), and with a classifier the share of generated explanations it
+assigns the intended label ("dev/classifier_agreement").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from mocheg_jax.data import pipelines
+from mocheg_jax.data.labels import LABEL_NAMES
+from mocheg_jax.data.mocheg import Claim, MochegRelease
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.data.tokenizers import load_tokenizer
+from mocheg_jax.explanation import reinforce
+from mocheg_jax.metrics.generation import rouge_scores
+from mocheg_jax.models import bart
+from mocheg_jax.models import decoding
+from mocheg_jax.parallel import distributed
+from mocheg_jax.train.data import prepared_data
+from mocheg_jax.train.task import Evaluator, Task
+
+RANDOM = "random"
+DEV_SPLIT = "val"
+
+
+def explain_config() -> ml_collections.ConfigDict:
+  e = ml_collections.ConfigDict()
+  e.init = RANDOM  # "random" (the shape below, the world's BPE) or a local HF BART folder.
+  e.dtype = "float32"  # Compute dtype (parameters stay float32).
+  # Shape of a random BART (ignored when loading a folder).
+  e.d_model = 64
+  e.layers = 2  # Encoder and decoder layers each.
+  e.heads = 4
+  e.ffn = 128
+  e.dropout = 0.1
+  e.max_positions = 512
+  # Inputs.
+  e.max_source_len = 512
+  e.max_target_len = 400
+  e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
+  # The reward (reinforce.ReinforceSettings).
+  e.classifier = ""  # A truthfulness classifier's training workdir; "": NLL only.
+  e.sc_weight = 0.5
+  e.sc_start_step = 20
+  e.baseline = "greedy"  # none (the reference) | greedy (self-critical) | mean
+  e.teacher_forced_sampling = False  # True: the reference's per-position sampling.
+  e.sample_max_length = 400  # Generation max_length of a sample (start token counted).
+  # Dev decoding.
+  e.num_beams = 4
+  e.no_repeat_ngram_size = 3
+  e.max_decode_length = 400  # Generation max_length (start token counted).
+  e.eval_batch_size = 16
+  e.eval_max_claims = 0  # 0: every dev claim with a gold explanation.
+  return e
+
+
+def config_defaults() -> dict:
+  """This task's config sections (train.task.config_defaults: old checkpoints still load)."""
+  return {"explain": explain_config()}
+
+
+def reinforce_settings(e: ml_collections.ConfigDict) -> reinforce.ReinforceSettings:
+  settings = reinforce.ReinforceSettings(
+      sc_weight=float(e.sc_weight), start_step=int(e.sc_start_step), baseline=e.baseline,
+      teacher_forced_sampling=bool(e.teacher_forced_sampling),
+      sample_max_length=int(e.sample_max_length))
+  settings.validate()
+  return settings
+
+
+# ---- the reward model ----------------------------------------------------------------------
+def load_reward_model(classifier_dir: str, tokenizer, longest: int) -> reinforce.RewardModel:
+  """The frozen truthfulness classifier of a classifier training workdir, as a RewardModel.
+
+  This is where the real classifier is wired in (`classifier_task.load_classifier` and
+  `classifier.label_probabilities`); everything else sees only the RewardModel. The
+  classifier must read the generator's token ids (the same tokenizer: a `bart_encoder`
+  classifier trained on the generator's BPE) and take `longest` of them.
+
+  Its parameters are closed over by the jitted train step, which makes them constants of
+  the compiled program (fine for small classifiers; see the report for large ones).
+  """
+  if not os.path.isdir(classifier_dir):
+    raise MochegInputError(f"config.explain.classifier {classifier_dir!r} is not a folder "
+                           "(expected a truthfulness classifier's training workdir)")
+  from mocheg_jax.explanation import classifier, classifier_task
+  trained = classifier_task.load_classifier(classifier_dir, which="best")
+  trained.check_reads_ids_of(tokenizer)
+  positions = trained.model.config.max_positions
+  if longest > positions:
+    raise MochegInputError(f"{classifier_dir}: the classifier takes {positions} tokens, the "
+                           f"generator's samples and explanations up to {longest} "
+                           "(config.explain.sample_max_length / max_decode_length - 1)")
+  return reinforce.RewardModel.from_module(trained.model, classifier.label_probabilities)
+
+
+# ---- the model -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GeneratorSource:
+  """Where the generator comes from: its config, tokenizer folder and (maybe) weights."""
+  config: bart.BartConfig
+  tokenizer_dir: str
+  folder: str | None  # A local HF BART folder whose weights initialise the model.
+
+
+def generator_source(e: ml_collections.ConfigDict, bpe_dir: str) -> GeneratorSource:
+  if e.init == RANDOM:
+    tokenizer = load_tokenizer(bpe_dir)
+    config = bart.BartConfig(
+        vocab_size=len(tokenizer), d_model=e.d_model, encoder_layers=e.layers,
+        decoder_layers=e.layers, encoder_attention_heads=e.heads,
+        decoder_attention_heads=e.heads, encoder_ffn_dim=e.ffn, decoder_ffn_dim=e.ffn,
+        max_position_embeddings=e.max_positions, dropout=e.dropout,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id)
+    source = GeneratorSource(config, bpe_dir, None)
+  else:
+    folder = os.path.abspath(e.init) if e.init else ""
+    if not folder or not os.path.isdir(folder):
+      raise MochegInputError(f"config.explain.init {e.init!r} is neither 'random' nor a "
+                             "folder (expected a local HF BART folder)")
+    from mocheg_jax.models.hf import bart as hf_bart
+    source = GeneratorSource(hf_bart.read_configs(folder), folder, folder)
+    tokenizer = load_tokenizer(folder)  # The checkpoint's own tokenizer.
+    if len(tokenizer) > source.config.vocab_size:
+      raise MochegInputError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, the "
+                             f"model's vocabulary {source.config.vocab_size}")
+  _check_lengths(e, source.config)
+  return source
+
+
+def _check_lengths(e: ml_collections.ConfigDict, config: bart.BartConfig) -> None:
+  """Every length the task uses must fit the position table."""
+  positions = config.max_position_embeddings
+  needs = {"max_source_len": e.max_source_len, "max_target_len": e.max_target_len,
+           "sample_max_length - 1": e.sample_max_length - 1,
+           "max_decode_length - 1": e.max_decode_length - 1}
+  for name, value in needs.items():
+    if value > positions:
+      raise MochegInputError(f"config.explain.{name} = {value} exceeds the model's "
+                             f"{positions} positions")
+  if e.max_source_len < 8 or e.max_target_len < 4:
+    raise MochegInputError("config.explain.max_source_len must be >= 8 and max_target_len "
+                           ">= 4")
+
+
+def build_model(source: GeneratorSource, seed: int, dtype: str = "float32") -> bart.Bart:
+  compute = None if jnp.dtype(dtype) == jnp.float32 else jnp.dtype(dtype)
+  return bart.Bart(source.config, dtype=compute,
+                   rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+
+
+def _initial_params(folder: str):
+  def load() -> dict:
+    from mocheg_jax.models.hf import bart as hf_bart
+    return nnx.to_pure_dict(nnx.state(hf_bart.load(folder), nnx.Param))
+  return load
+
+
+# ---- data ------------------------------------------------------------------------------------
+BATCH_AXES = {"source_ids": ("batch", "length"), "source_mask": ("batch", "length"),
+              "target_ids": ("batch", "length"), "target_mask": ("batch", "length"),
+              "label": ("batch",), "step": ("batch",)}
+
+
+class StepNumbered:
+  """Adds `step` (int32 [rows], the batch's number) to every batch of a grain iterator.
+
+  Batch n is what the trainer's step n consumes, so the field is the optimizer step inside
+  the jitted loss; the count is saved and restored with the iterator's position.
+  """
+
+  def __init__(self, inner: Iterator[dict[str, np.ndarray]]):
+    self._inner, self._step = inner, 0
+
+  def __iter__(self) -> StepNumbered:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = dict(next(self._inner))
+    rows = len(batch["source_ids"])
+    batch["step"] = np.full((rows,), self._step, np.int32)
+    self._step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"inner": self._inner.get_state(), "step": self._step}
+
+  def set_state(self, state: dict) -> None:
+    self._inner.set_state(state["inner"])
+    self._step = int(state["step"])
+
+  def start_prefetch(self) -> None:
+    if hasattr(self._inner, "start_prefetch"):
+      self._inner.start_prefetch()
+
+
+def source_ids(tokenizer, claim: Claim, e: ml_collections.ConfigDict) -> list[int]:
+  """The generator's source for a claim with its gold label (as the training pipeline)."""
+  return pipelines.explanation_source_ids(
+      tokenizer, LABEL_NAMES[claim.label], claim.claim, " ".join(claim.evidence),
+      e.max_source_len, e.left_truncation)
+
+
+# ---- evaluation ------------------------------------------------------------------------------
+def generation_config(model: bart.Bart, e: ml_collections.ConfigDict
+                      ) -> decoding.GenerationConfig:
+  """The checkpoint's generation settings with the task's beam search."""
+  return decoding.GenerationConfig.from_model(
+      model.config, num_beams=e.num_beams, no_repeat_ngram_size=e.no_repeat_ngram_size,
+      max_length=e.max_decode_length)
+
+
+@dataclasses.dataclass
+class Explainer:
+  """Generates explanations with a trained generator (dev evaluation and inference)."""
+  config: ml_collections.ConfigDict
+  tokenizer_dir: str
+
+  @functools.cached_property
+  def tokenizer(self):
+    return load_tokenizer(self.tokenizer_dir)
+
+  def generate(self, model: bart.Bart, claims: Sequence[Claim]
+               ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(texts, ids [N, L-1], mask [N, L-1]) of beam-searched explanations, in order."""
+    e = self.config.explain
+    tokenizer = self.tokenizer
+    config = generation_config(model, e)
+    rows = [source_ids(tokenizer, c, e) for c in claims]
+    batch = e.eval_batch_size
+    all_ids, all_mask = [], []
+    for start in range(0, len(rows), batch):
+      chunk = rows[start:start + batch]
+      ids = np.full((batch, e.max_source_len), model.config.pad_token_id, np.int32)
+      mask = np.zeros((batch, e.max_source_len), np.int32)
+      for i, row in enumerate(chunk + [chunk[0]] * (batch - len(chunk))):  # Fixed shape.
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+      out = decoding.generate(model, ids, mask, config)
+      sequences = distributed.to_host(out.sequences)[:len(chunk)]
+      lengths = distributed.to_host(out.lengths)[:len(chunk)]
+      all_ids.append(sequences[:, 1:])
+      all_mask.append(np.arange(sequences.shape[1] - 1)[None] < (lengths - 1)[:, None])
+    ids, mask = np.concatenate(all_ids), np.concatenate(all_mask)
+    texts = [tokenizer.decode(row[m], skip_special_tokens=True).strip()
+             for row, m in zip(ids, mask)]
+    return texts, ids, mask
+
+
+@jax.jit
+def _agreement(reward_model: reinforce.RewardModel, ids: jax.Array, mask: jax.Array,
+               labels: jax.Array) -> jax.Array:
+  return jnp.argmax(reward_model(ids, mask), -1) == labels
+
+
+def dev_claims(release_dir: str, e: ml_collections.ConfigDict) -> list[Claim]:
+  claims = [c for c in MochegRelease(release_dir).claims(DEV_SPLIT) if c.explanation.strip()]
+  if not claims:
+    raise MochegInputError(f"{release_dir}: no {DEV_SPLIT} claim has a gold explanation")
+  return claims[:e.eval_max_claims] if e.eval_max_claims else claims
+
+
+def _dev_evaluator(explainer: Explainer, claims: Sequence[Claim],
+                   reward_model: reinforce.RewardModel | None):
+  references = [c.explanation for c in claims]
+  labels = np.array([c.label for c in claims], np.int32)
+
+  def run(model: bart.Bart, step: int):
+    del step
+    texts, ids, mask = explainer.generate(model, claims)
+    yield from rouge_scores(texts, references).items()
+    yield "generated_tokens", float(mask.sum(-1).mean())
+    if reward_model is not None:
+      agree = _agreement(reward_model, jnp.asarray(ids), jnp.asarray(mask),
+                         jnp.asarray(labels))
+      yield "classifier_agreement", float(np.mean(np.asarray(agree)))
+
+  return run
+
+
+# ---- the task --------------------------------------------------------------------------------
+def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
+  data = prepared_data(config, workdir)
+  e = config.explain
+  source = generator_source(e, data.bpe)
+  reward_model = None
+  if e.classifier:
+    longest = max(e.sample_max_length, e.max_decode_length) - 1
+    reward_model = load_reward_model(e.classifier, load_tokenizer(source.tokenizer_dir),
+                                     longest)
+  settings = reinforce_settings(e)
+  seed = config.seed
+
+  def model() -> bart.Bart:
+    return build_model(source, seed, e.dtype)
+
+  def loss(model: bart.Bart, batch: dict[str, Any]):
+    key = reinforce.policy_key(model) if reward_model is not None else None
+    return reinforce.explanation_loss(model, batch, step=jnp.max(batch["step"]), key=key,
+                                      settings=settings, reward_model=reward_model)
+
+  def train_data(local_batch: int):
+    loader = pipelines.LoaderConfig(batch_size=local_batch, seed=seed,
+                                    worker_count=config.data.workers)
+    pipeline = pipelines.explanation(data.tfds, "train", source.tokenizer_dir, loader,
+                                     max_source_len=e.max_source_len,
+                                     max_target_len=e.max_target_len,
+                                     left_truncation=e.left_truncation)
+    return StepNumbered(iter(pipeline.dataset))
+
+  explainer = Explainer(config, source.tokenizer_dir)
+  evaluator = _dev_evaluator(explainer, dev_claims(data.release, e), reward_model)
+  return Task(model=model, loss=loss, batch_axes=BATCH_AXES, train_data=train_data,
+              evaluators=(Evaluator("dev", evaluator),),
+              initial_params=_initial_params(source.folder) if source.folder else None,
+              inference=explainer)

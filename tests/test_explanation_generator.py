@@ -1,0 +1,388 @@
+"""The explanation generator: NLL, the compiled REINFORCE term, sampling, baselines,
+truncation, and the task training on the tiny world with a stand-in reward model."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mocheg_jax.data import tokenizers
+from mocheg_jax.data.labels import LABEL_NAMES
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.explanation import generator_task
+from mocheg_jax.explanation import reinforce
+from mocheg_jax.models import bart, decoding
+from mocheg_jax.train import loop
+from mocheg_jax.train.restore import load_trained
+from mocheg_jax.train.state import ModelSpec
+from mocheg_jax.train.writer import read_metrics
+from mocheg_jax.utils.configs import load_config
+
+VOCAB, PAD, EOS, BOS = 40, 1, 2, 0
+B, S, T = 4, 10, 8
+SAMPLE_MAX = 12  # Generation max_length: 11 sampled tokens.
+
+
+def _config(dropout: float = 0.0) -> bart.BartConfig:
+  return bart.BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1,
+                         encoder_attention_heads=2, decoder_attention_heads=2,
+                         encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                         dropout=dropout)
+
+
+def _model(seed: int = 0, **kw) -> bart.Bart:
+  return bart.Bart(_config(**kw), rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+
+
+def _batch(seed: int = 0) -> dict[str, jnp.ndarray]:
+  rng = np.random.default_rng(seed)
+  target_lengths = np.array([T, 5, 3, 6])
+  target_mask = np.arange(T)[None] < target_lengths[:, None]
+  targets = np.where(target_mask, rng.integers(3, VOCAB, (B, T)), PAD)
+  targets[np.arange(B), target_lengths - 1] = EOS
+  source_mask = np.arange(S)[None] < np.array([S, 7, 4, 9])[:, None]
+  return {"source_ids": jnp.asarray(np.where(source_mask, rng.integers(3, VOCAB, (B, S)), PAD),
+                                    jnp.int32),
+          "source_mask": jnp.asarray(source_mask, jnp.int32),
+          "target_ids": jnp.asarray(targets, jnp.int32),
+          "target_mask": jnp.asarray(target_mask, jnp.int32),
+          "label": jnp.asarray([0, 1, 2, 1], jnp.int32)}
+
+
+class BagOfIds(nnx.Module):
+  """The stand-in classifier: a mean of per-token class scores over the masked ids."""
+
+  def __init__(self, vocab: int, seed: int = 7):
+    self.scores = nnx.Param(jax.random.normal(jax.random.key(seed), (vocab, 3)) * 3.0)
+
+  def __call__(self, ids, mask):
+    m = mask.astype(jnp.float32)[..., None]
+    pooled = (self.scores[...][ids] * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+    return jax.nn.softmax(pooled, axis=-1)
+
+
+def _stand_in(vocab: int = VOCAB) -> reinforce.RewardModel:
+  return reinforce.RewardModel.from_module(BagOfIds(vocab), lambda m, ids, mask: m(ids, mask))
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+# ---- NLL and the policy-gradient loss ----------------------------------------------------------
+def test_nll_equals_a_hand_computation():
+  model, batch = _model(), _batch()
+  targets, mask = np.asarray(batch["target_ids"]), np.asarray(batch["target_mask"]) == 1
+  decoder_inputs = np.concatenate([np.full((B, 1), EOS), targets[:, :-1]], axis=1)
+
+  @jax.jit
+  def run(batch, decoder_inputs):
+    loss = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=None,
+                                      settings=reinforce.ReinforceSettings(),
+                                      reward_model=None)
+    # Dropout is 0, so this is the same pass with hand-made decoder inputs.
+    return loss, model(batch["source_ids"], batch["source_mask"], decoder_inputs)
+
+  (loss, metrics), logits = run(batch, jnp.asarray(decoder_inputs))
+  picked = np.take_along_axis(_log_softmax(np.asarray(logits)), targets[..., None], -1)[..., 0]
+  want = -picked[mask].mean()  # Mean over the real tokens of the whole batch.
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  assert float(metrics["nll"]) == float(loss) and float(metrics["target_tokens"]) == mask.sum()
+  assert set(metrics) == {"nll", "target_tokens"}  # No reward model: no reward metrics.
+
+
+def test_policy_gradient_matches_hand_and_finite_differences():
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.float32)
+  ids = jnp.asarray(rng.integers(0, 7, (3, 5)), jnp.int32)
+  mask = jnp.asarray(np.arange(5)[None] < np.array([5, 2, 4])[:, None])
+  rewards, baselines = jnp.asarray([0.5, -0.2, 0.9]), jnp.asarray([0.1, 0.1, -0.3])
+
+  @jax.jit
+  def loss(lg, r):
+    return reinforce.policy_gradient_loss(reinforce.sequence_log_probs(lg, ids, mask), r,
+                                          baselines)
+
+  grad_logits, grad_rewards = jax.jit(jax.grad(loss, argnums=(0, 1)))(logits, rewards)
+  # d/dlogits of -(r - b) log softmax(logits)[y] / B = -(r - b) (onehot(y) - softmax) / B.
+  probs = np.exp(_log_softmax(np.asarray(logits)))
+  onehot = np.eye(7)[np.asarray(ids)]
+  advantage = np.asarray(rewards - baselines)[:, None, None]
+  want = -advantage * (onehot - probs) * np.asarray(mask)[..., None] / 3
+  np.testing.assert_allclose(np.asarray(grad_logits), want, atol=1e-6)
+  assert not np.asarray(grad_rewards).any()  # The reward is a constant to the gradient.
+  for index in [(0, 0, 0), (1, 1, 3), (2, 3, int(ids[2, 3]))]:
+    step = np.zeros(logits.shape, np.float32)
+    step[index] = 1e-2
+    numeric = (loss(logits + step, rewards) - loss(logits - step, rewards)) / 2e-2
+    np.testing.assert_allclose(float(numeric), want[index], atol=2e-4)
+  masked = (1, 3, 0)  # Past row 1's EOS: no gradient.
+  assert want[masked] == 0 and float(grad_logits[masked]) == 0
+
+
+def test_reward_and_baselines():
+  probs = jnp.asarray([[0.7, 0.2, 0.1], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+  np.testing.assert_allclose(reinforce.reward_from_probabilities(probs, jnp.asarray([0, 1, 2])),
+                             [0.4, -0.6, 0.6], atol=1e-6)
+  rewards = jnp.asarray([1.0, 2.0, 6.0])
+  greedy = lambda: jnp.asarray([0.5, 0.5, 0.5])  # noqa: E731
+  np.testing.assert_allclose(reinforce.baseline_rewards("none", rewards, greedy), [0, 0, 0])
+  np.testing.assert_allclose(reinforce.baseline_rewards("mean", rewards, greedy), [4, 3.5, 1.5])
+  np.testing.assert_allclose(reinforce.baseline_rewards("greedy", rewards, greedy), [0.5] * 3)
+  assert float(reinforce.leave_one_out_mean(jnp.asarray([3.0]))[0]) == 0.0
+  with pytest.raises(ValueError, match="baseline must be one of"):
+    reinforce.ReinforceSettings(baseline="ema").validate()
+
+
+def test_the_sampling_key_leaves_the_dropout_masks_alone():
+  """Reading the key does not advance the stream: before the start step a run with a reward
+  model draws the dropout masks of an NLL-only run."""
+  model = _model(dropout=0.1)
+  stream = model.decoder.dropout.rngs
+  key = reinforce.policy_key(model)
+  assert int(stream.count[...]) == 0
+  assert not np.array_equal(jax.random.key_data(key), jax.random.key_data(stream()))
+  np.testing.assert_array_equal(jax.random.key_data(reinforce.policy_key(_model(dropout=0.1))),
+                                jax.random.key_data(key))
+
+
+# ---- sampling inside jit ----------------------------------------------------------------------
+def test_sampling_inside_jit_gives_valid_ids_masked_after_eos():
+  model = _model(seed=3)
+  batch = _batch(2)
+  config = reinforce.policy_generation_config(model.config, SAMPLE_MAX, sample=True)
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def sample(state, key):
+    m = nnx.merge(graphdef, state)
+    out = decoding.generate_core(m, batch["source_ids"], batch["source_mask"], config, key)
+    ids, mask = decoding.generated_tokens(m, batch["source_ids"], batch["source_mask"],
+                                          config, key)
+    logits = reinforce.teacher_forced_logits(m, batch["source_ids"], batch["source_mask"],
+                                             ids, deterministic=True)
+    return ids, mask, out.scores, reinforce.sequence_log_probs(logits, ids, mask)
+
+  def with_eos_bias(value: float):
+    model.final_logits_bias[...] = jnp.zeros((VOCAB,)).at[EOS].set(value)
+    return nnx.split(model)[1]  # Same structure: the compiled program is reused.
+
+  runs = {bias: [sample(with_eos_bias(bias), jax.random.key(k)) for k in range(3)]
+          for bias in (0.0, 2.5, 40.0, -40.0)}
+  ended_early = 0
+  for bias, outs in runs.items():
+    for ids, mask, sampler_logp, scored_logp in outs:
+      ids, mask = np.asarray(ids), np.asarray(mask)
+      assert ids.shape == mask.shape == (B, SAMPLE_MAX - 1)
+      assert ((ids >= 0) & (ids < VOCAB)).all()
+      for row, keep in zip(ids, mask):
+        eos = np.flatnonzero(row == EOS)
+        n = eos[0] + 1 if len(eos) else SAMPLE_MAX - 1
+        assert keep.tolist() == [True] * n + [False] * (SAMPLE_MAX - 1 - n)
+        assert (row[n:] == PAD).all()  # After EOS: pads.
+        ended_early += n < SAMPLE_MAX - 1
+      # The scoring pass gives the sampler's own log-probabilities (the same policy).
+      np.testing.assert_allclose(np.asarray(scored_logp), np.asarray(sampler_logp),
+                                 rtol=1e-4, atol=1e-4)
+  assert ended_early > 0
+  assert (np.asarray(runs[40.0][0][1]).sum(-1) == 1).all()  # EOS first: one token.
+  assert np.asarray(runs[-40.0][0][1]).all()  # Never EOS: every position is kept.
+  first, second = runs[2.5][0][0], runs[2.5][1][0]
+  assert not np.array_equal(first, second)  # Other keys, other samples;
+  np.testing.assert_array_equal(first, sample(with_eos_bias(2.5), jax.random.key(0))[0])
+
+
+# ---- the reward term, per-position (the reference's sampling) --------------------------------
+def test_every_baseline_with_the_reference_per_position_sampling():
+  """One program computes the loss with each baseline (the autoregressive sampler with the
+  greedy baseline runs in the task test below)."""
+  model, batch, reward_model = _model(dropout=0.1), _batch(), _stand_in()
+  spec = ModelSpec.of(lambda: _model(dropout=0.1))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+  @jax.jit
+  def run(params, step, key, reward_model):
+    out = {}
+    for baseline in reinforce.BASELINES:
+      settings = reinforce.ReinforceSettings(sc_weight=0.5, start_step=1, baseline=baseline,
+                                             teacher_forced_sampling=True)
+      out[baseline] = reinforce.explanation_loss(
+          spec.merge(params, {}, {}, key), batch, step=step, key=key, settings=settings,
+          reward_model=reward_model)
+    return out
+
+  before = run(params, jnp.int32(0), jax.random.key(1), reward_model)
+  after = run(params, jnp.int32(1), jax.random.key(1), reward_model)
+  gold_lengths = np.asarray(batch["target_mask"]).sum(-1)
+  for baseline in reinforce.BASELINES:
+    loss, m = before[baseline]
+    assert float(m["sc_weight"]) == 0 and float(loss) == float(m["nll"])
+    loss, m = after[baseline]
+    assert float(m["sc_weight"]) == 0.5 and float(m["pg_loss"]) != 0
+    # Every gold position is sampled, however short the target: the gold mask is the mask.
+    assert float(m["sample_tokens"]) == gold_lengths.mean()
+    np.testing.assert_allclose(float(loss), float(m["nll"]) + 0.5 * float(m["pg_loss"]),
+                               rtol=1e-5)
+  # The same sample (same key) in every mode, so the same reward; the baselines differ.
+  rewards = {b: float(after[b][1]["reward"]) for b in reinforce.BASELINES}
+  assert len(set(rewards.values())) == 1 and rewards["none"] != 0
+  assert float(after["none"][1]["baseline"]) == 0
+  assert abs(float(after["mean"][1]["advantage"])) < 1e-6  # Leave-one-out sums to ~0.
+  assert float(after["greedy"][1]["baseline"]) not in (0.0, rewards["none"])
+
+
+# ---- truncation and the data the task trains on ------------------------------------------------
+def test_truncation_keeps_label_and_claim_unless_the_reference_flag_is_set(tmp_path):
+  texts = ["The bridge has 3 arches. It was built in 1901 by the city council."] * 20
+  tok = tokenizers.train_byte_bpe(texts + ["refuted supported NEI"] * 5, tmp_path / "bpe",
+                                  vocab_size=300)
+  e = generator_task.explain_config()
+  e.max_source_len = 24
+  from mocheg_jax.data.mocheg import Claim
+  claim = Claim(1, "The bridge has 3 arches.", 0, ("It was built in 1901.",) * 20,
+                "x", (), "")
+  kept = generator_task.source_ids(tok, claim, e)
+  text = tok.decode(kept, skip_special_tokens=False)
+  assert len(kept) == 24 and text.startswith("<s>refuted</s> The bridge has 3 arches.</s> It")
+  assert text.endswith("</s>")
+  e.left_truncation = True
+  left = generator_task.source_ids(tok, claim, e)
+  assert len(left) == 24 and left[0] == BOS and left[-1] == EOS
+  plain = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+  assert "refuted" not in plain(left) and "bridge" not in plain(left)
+  assert plain(left).endswith("It was built in 1901.")  # The end of the evidence.
+  short = Claim(2, "Claim.", 2, ("Ev.",), "x", (), "")
+  assert plain(generator_task.source_ids(tok, short, e)) == "NEI Claim. Ev."
+
+
+def test_the_generator_starts_from_a_local_hf_bart_folder(tmp_path):
+  import transformers
+  texts = ["The bridge has 3 arches. It was built in 1901."] * 20
+  folder = tmp_path / "bart"
+  tok = tokenizers.train_byte_bpe(texts, folder, vocab_size=300)
+  hf = transformers.BartForConditionalGeneration(transformers.BartConfig(
+      vocab_size=len(tok), d_model=16, encoder_layers=1, decoder_layers=1,
+      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+      decoder_ffn_dim=32, max_position_embeddings=64))
+  hf.save_pretrained(folder, safe_serialization=True)
+  e = generator_task.explain_config()
+  e.init, e.max_source_len, e.max_target_len = str(folder), 48, 48
+  e.sample_max_length = e.max_decode_length = 40
+  source = generator_task.generator_source(e, "unused-world-bpe")
+  assert source.tokenizer_dir == str(folder)  # The checkpoint's own tokenizer.
+  assert (source.config.d_model, source.config.vocab_size) == (16, len(tok))
+  abstract = nnx.eval_shape(lambda: generator_task.build_model(source, 0))
+  want = jax.tree.map(lambda x: x.shape, nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+  loaded = generator_task._initial_params(str(folder))()  # pylint: disable=protected-access
+  assert jax.tree.map(np.shape, loaded) == want
+  np.testing.assert_allclose(loaded["shared"]["embedding"],
+                             hf.model.shared.weight.detach().numpy())
+  e.max_source_len = 100  # More than the 64 positions.
+  with pytest.raises(MochegInputError, match="max_source_len = 100 exceeds the model's 64"):
+    generator_task.generator_source(e, "unused")
+  e.init = ""
+  with pytest.raises(MochegInputError, match="explain.init '' is neither 'random' nor"):
+    generator_task.generator_source(e, "unused")
+
+
+class _Counting:
+  def __init__(self):
+    self.step = 0
+
+  def __next__(self):
+    self.step += 1
+    return {"source_ids": np.zeros((2, 3), np.int32)}
+
+  def get_state(self):
+    return {"position": self.step}
+
+  def set_state(self, state):
+    self.step = state["position"]
+
+
+def test_batches_carry_the_optimizer_step_across_a_restore():
+  data = generator_task.StepNumbered(_Counting())
+  steps = [int(next(data)["step"][0]) for _ in range(3)]
+  assert steps == [0, 1, 2]
+  state = data.get_state()
+  resumed = generator_task.StepNumbered(_Counting())
+  resumed.set_state(state)
+  batch = next(resumed)
+  assert batch["step"].tolist() == [3, 3] and resumed.get_state()["inner"] == {"position": 4}
+
+
+# ---- the task on the tiny world ----------------------------------------------------------------
+def _tiny_config(data_dir, **explain):
+  config = load_config("explain", "tiny")
+  config.data.dir = str(data_dir)
+  config.mesh.data = 1
+  config.total_steps, config.batch_size, config.log_every = 4, 4, 1
+  config.eval_every, config.checkpoint_every = 0, 4
+  config.optimizer.warmup_steps = 0
+  e = config.explain
+  e.d_model, e.layers, e.heads, e.ffn, e.max_positions = 16, 1, 2, 32, 64
+  e.max_source_len, e.max_target_len = 48, 48
+  e.sample_max_length, e.max_decode_length = 12, 12
+  e.eval_batch_size, e.eval_max_claims = 4, 6
+  e.sc_start_step = 2  # The default baseline: greedy (self-critical).
+  for key, value in explain.items():
+    e[key] = value
+  return config
+
+
+def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
+  bpe_vocab = []
+
+  def stand_in_loader(path, tokenizer, longest):
+    assert path == "stand-in" and len(tokenizer) == bpe_vocab[0] and longest == 11
+    return _stand_in(bpe_vocab[0])
+
+  traces = []
+  real_loss = reinforce.explanation_loss
+
+  def counting_loss(*args, **kwargs):
+    traces.append(1)
+    return real_loss(*args, **kwargs)
+
+  monkeypatch.setattr(generator_task, "load_reward_model", stand_in_loader)
+  monkeypatch.setattr(reinforce, "explanation_loss", counting_loss)
+  config = _tiny_config(tmp_path / "data", classifier="stand-in")
+  from mocheg_jax.train.data import prepared_data
+  data = prepared_data(config, str(tmp_path / "w"), log=lambda _: None)
+  bpe = tokenizers.load_tokenizer(data.bpe)
+  bpe_vocab.append(len(bpe))
+
+  # The training batches: gold label and claim first, the step number alongside.
+  task = generator_task.make_task(config, str(tmp_path / "w"))
+  first = next(task.train_data(4))
+  assert first["step"].tolist() == [0] * 4 and set(generator_task.BATCH_AXES) <= set(first)
+  for row, label in zip(first["source_ids"], first["label"]):
+    text = bpe.decode(row, skip_special_tokens=False)
+    assert text.startswith(f"<s>{LABEL_NAMES[label]}</s> ")
+  left = generator_task.make_task(_tiny_config(tmp_path / "data", max_source_len=16,
+                                               left_truncation=True), str(tmp_path / "w"))
+  rows = next(left.train_data(4))["source_ids"]
+  assert not any(bpe.decode(r, skip_special_tokens=False).startswith(
+      f"<s>{LABEL_NAMES[lab]}</s>") for r, lab in zip(rows, first["label"]))
+
+  result = loop.train(config, str(tmp_path / "w"), devices=jax.devices()[:1],
+                      log=lambda _: None)
+  assert result.status == "finished" and result.step == 4
+  assert len(traces) == 1  # The jitted step was traced once for steps 0..3.
+  records = [r for r in read_metrics(tmp_path / "w") if "loss" in r]
+  assert [r["sc_weight"] for r in records] == [0.0, 0.0, 0.5, 0.5]
+  for r in records[:2]:
+    assert r["loss"] == r["nll"] and r["sample_tokens"] == 0
+  for r in records[2:]:
+    assert 0 < r["sample_tokens"] <= 11
+    assert -1 <= r["reward"] <= 1 and -1 <= r["baseline"] <= 1 and r["baseline"] != 0
+    np.testing.assert_allclose(r["loss"], r["nll"] + 0.5 * r["pg_loss"], rtol=1e-4)
+  for name in ("dev/rouge1", "dev/rougeL", "dev/classifier_agreement"):
+    assert 0 <= result.metrics[name] <= 1
+  assert 0 < result.metrics["dev/generated_tokens"] <= 11
+  model = load_trained(str(tmp_path / "w")).model
+  assert isinstance(model, bart.Bart) and model.config.vocab_size == len(bpe)
