@@ -266,11 +266,9 @@ class Explainer:
       mask = np.zeros((batch, e.max_source_len), np.int32)
       for i, row in enumerate(chunk + [chunk[0]] * (batch - len(chunk))):  # Fixed shape.
         ids[i, :len(row)], mask[i, :len(row)] = row, 1
-      out = decoding.generate(model, ids, mask, config)
-      sequences = distributed.to_host(out.sequences)[:len(chunk)]
-      lengths = distributed.to_host(out.lengths)[:len(chunk)]
-      all_ids.append(sequences[:, 1:])
-      all_mask.append(np.arange(sequences.shape[1] - 1)[None] < (lengths - 1)[:, None])
+      tokens, token_mask = decoding.tokens_and_mask(decoding.generate(model, ids, mask, config))
+      all_ids.append(distributed.to_host(tokens)[:len(chunk)])
+      all_mask.append(distributed.to_host(token_mask)[:len(chunk)])
     ids, mask = np.concatenate(all_ids), np.concatenate(all_mask)
     texts = [tokenizer.decode(row[m], skip_special_tokens=True).strip()
              for row, m in zip(ids, mask)]

@@ -460,7 +460,13 @@ def generated_tokens(model: Bart, input_ids: jax.Array, attention_mask: jax.Arra
     mask: bool [B, max_length - 1]: True up to and including the first EOS (every
       position of a row that never produced one).
   """
-  out = generate_core(model, input_ids, attention_mask, config, rng, memory=memory)
+  return tokens_and_mask(generate_core(model, input_ids, attention_mask, config, rng,
+                                       memory=memory))
+
+
+def tokens_and_mask(out: GenerateOutput) -> tuple[jax.Array, jax.Array]:
+  """A generation's tokens without the decoder start token, and their mask (True up to and
+  including the first EOS): ids int32 [B, L - 1], mask bool [B, L - 1]."""
   ids = out.sequences[:, 1:]
   mask = jnp.arange(ids.shape[1])[None, :] < (out.lengths - 1)[:, None]
   return ids, mask

@@ -74,6 +74,7 @@ import numpy as np
 from flax import nnx
 
 from mocheg_jax.models import layers
+from mocheg_jax.retrieval.contrastive import l2_normalize
 
 Dtype = Any
 
@@ -201,12 +202,8 @@ class StanceDetector(nnx.Module):
     kilometres"); frozen encoder states already do (same word: cosine ~0.9), so here m - c
     is ~0 where the evidence repeats a claim token and large where it states another value.
     """
-    def unit(x):
-      x = x.astype(jnp.float32)
-      return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-12))
-
     scale = jnp.exp(self.text_log_scale[...].astype(jnp.float32))
-    scores = scale * jnp.einsum("bqd,bnkd->bnqk", unit(claim), unit(evidence))
+    scores = scale * jnp.einsum("bqd,bnkd->bnqk", l2_normalize(claim), l2_normalize(evidence))
     scores = jnp.where(keys[:, :, None, :], scores, -1e9)
     weights = jax.nn.softmax(scores, axis=-1)
     m = jnp.einsum("bnqk,bnkd->bnqd", weights, evidence.astype(jnp.float32))
