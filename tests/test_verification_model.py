@@ -515,3 +515,64 @@ def test_sharded_parameters_and_batch_give_the_same_logits():
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules_lib.DEFAULT_RULES):
     sharded = forward(params, batch)
   np.testing.assert_allclose(np.asarray(sharded), expected, atol=1e-5, rtol=1e-5)
+
+
+def _small_clip(layers: int = 3) -> "clip.CLIPModel":
+  from mocheg_jax.models import clip
+  config = clip.CLIPConfig(
+      text=clip.CLIPTextConfig(vocab_size=50, hidden_size=32, intermediate_size=40,
+                               num_attention_heads=4, num_hidden_layers=1,
+                               max_position_embeddings=16, eos_token_id=3),
+      vision=clip.CLIPVisionConfig(hidden_size=48, intermediate_size=64,
+                                   num_attention_heads=4, num_hidden_layers=layers,
+                                   image_size=24, patch_size=8),
+      projection_dim=16)
+  return clip.CLIPModel(config, rngs=nnx.Rngs(3))
+
+
+@pytest.mark.parametrize("tuned", [1, 3])
+def test_tuned_vision_blocks_start_as_the_frozen_tower(tuned):
+  """Cached tokens after L - k blocks + the k tuned blocks (initialised from the CLIP) give
+  the frozen path's patch states, so tuning starts exactly where the frozen model is."""
+  from mocheg_jax.verification import features, vision_top
+  frozen = _small_clip()
+  pixels = jax.random.normal(jax.random.key(0), (2, 24, 24, 3))
+  graphdef, state = nnx.split(frozen)
+  _, cached_image = features._state_forwards(graphdef, "float32", 3 - tuned)
+  tokens = cached_image(state, pixels)
+  assert tokens.shape == (2, 1 + 9, 48)  # The class token travels with the patches.
+  config = StanceConfig(text_dim=32, image_dim=48, hidden=24)
+  model = vision_top.TunedVisionStance(config, frozen.config.vision, tuned, rngs=nnx.Rngs(1))
+  params = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(params, _merged(nnx.to_pure_dict(params),
+                                           vision_top.initial_params(frozen, tuned)))
+  nnx.update(model, params)
+  chex.assert_trees_all_close(model.vision_top(tokens),
+                              frozen.image_features(pixels).patches, atol=1e-5, rtol=1e-5)
+  # And the stance detector reads them: logits for [B=1, Ni=2] items of those tokens.
+  claim = jax.random.normal(jax.random.key(2), (1, 5, 32))
+  logits = model(claim, jnp.ones((1, 5)), text=jnp.ones((1, 1, 4, 32)),
+                 text_mask=jnp.ones((1, 1, 4)), image=tokens[None], image_mask=jnp.ones((1, 2)))
+  reference = model.stance(claim, jnp.ones((1, 5)), text=jnp.ones((1, 1, 4, 32)),
+                           text_mask=jnp.ones((1, 1, 4)),
+                           image=frozen.image_features(pixels).patches[None],
+                           image_mask=jnp.ones((1, 2)))
+  chex.assert_trees_all_close(logits, reference, atol=1e-5)
+
+
+def _merged(base: dict, update: dict) -> dict:
+  out = dict(base)
+  for key, value in update.items():
+    out[key] = _merged(base[key], value) if isinstance(value, dict) else value
+  return out
+
+
+def test_tuned_vision_blocks_reject_bad_settings():
+  from mocheg_jax.verification import vision_top
+  frozen = _small_clip(layers=2)
+  config = StanceConfig(text_dim=32, image_dim=48, hidden=24)
+  with pytest.raises(ValueError, match=r"tune_vision_layers must be in \[1, 2\]"):
+    vision_top.TunedVisionStance(config, frozen.config.vision, 3, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="needs use_image"):
+    vision_top.TunedVisionStance(StanceConfig(text_dim=32, image_dim=48, use_image=False),
+                                 frozen.config.vision, 1, rngs=nnx.Rngs(0))

@@ -14,6 +14,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
@@ -176,6 +177,38 @@ def test_text_states_from_a_frozen_sentence_encoder(trained, tmp_path):
                              atol=2e-2, rtol=2e-2)
   # A store is tied to its encoders: the CLIP-text store of this file refuses MiniLM runs.
   config.verify.features_dir = str(root / "features")
-  with pytest.raises(MochegInputError, match="encoded by another model \(text_encoder: store "
-                     "has None, asked for .minilm.\)"):
+  with pytest.raises(MochegInputError, match=r"encoded by another model \(text_encoder: store "
+                     r"has None, asked for .minilm.\)"):
+    loop.train(config, str(tmp_path / "w2"), devices=jax.devices()[:1], log=lambda _: None)
+
+
+def test_tuned_vision_blocks_train_from_the_clip(trained, tmp_path):
+  """verify.tune_vision_layers=1: the store caches the tokens entering the CLIP's last vision
+  block (class token included), that block starts from the CLIP's weights and trains."""
+  from mocheg_jax.train.data import prepared_data
+  from mocheg_jax.verification import features, vision_top
+  from mocheg_jax.verification import task as verify_task
+  root, _ = trained
+  config = _config(root / "data", tmp_path / "features", tune_vision_layers=1)
+  config.total_steps, config.eval_every = 4, 4
+  result = loop.train(config, str(tmp_path / "w"), devices=jax.devices()[:1],
+                      log=lambda _: None)
+  assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
+  model = load_trained(str(tmp_path / "w")).model
+  assert isinstance(model, vision_top.TunedVisionStance)
+  frozen = verify_task.load_clip(config.verify, prepared_data(config, str(root)).wordpiece, 0)
+  vision = frozen.model.config.vision
+  manifest = features.open_store(tmp_path / "features").manifest
+  assert manifest.fingerprint["tune_vision_layers"] == 1
+  assert manifest.patches == vision.num_patches + 1
+  # Four Adam steps at lr 1e-3 move each weight by at most ~4e-3: the block started from the
+  # CLIP's last one (a fresh init would be off by far more) and did move.
+  start = nnx.to_pure_dict(nnx.state(frozen.model.vision_model.layers[-1], nnx.Param))
+  now = nnx.to_pure_dict(nnx.state(model.vision_top.layers[0], nnx.Param))
+  gaps = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+          for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(now))]
+  assert max(gaps) < 5e-3 and max(gaps) > 0
+  # A store built without tuning is refused by a tuned run (different fingerprint).
+  config.verify.features_dir = str(root / "features")
+  with pytest.raises(MochegInputError, match="tune_vision_layers"):
     loop.train(config, str(tmp_path / "w2"), devices=jax.devices()[:1], log=lambda _: None)

@@ -234,6 +234,9 @@ class TextTransformer(nnx.Module):
     return hidden, pooled
 
 
+VISION_AXES = ("batch", "patches", "embed")
+
+
 class VisionTransformer(nnx.Module):
   """Patch embedding, class token, positions, pre-LN, pre-LN blocks, post-LN on the CLS."""
 
@@ -259,6 +262,18 @@ class VisionTransformer(nnx.Module):
 
   def __call__(self, pixels: jax.Array) -> tuple[jax.Array, jax.Array]:
     """pixels [B, H, W, C] -> (hidden [B, 1 + N, D] before post-LN, pooled [B, D])."""
+    x = self.blocks(self.embed(pixels))
+    return x, self.post_layernorm(x[:, 0])
+
+  def blocks(self, x: jax.Array, start: int = 0, stop: int | None = None) -> jax.Array:
+    """Runs blocks [start, stop) on tokens [B, 1 + N, D] (a feature cache may stop early and
+    a model that trains the top blocks run the rest)."""
+    for layer in self.layers[start:stop]:
+      x = layer(x, None, VISION_AXES)
+    return x
+
+  def embed(self, pixels: jax.Array) -> jax.Array:
+    """pixels [B, H, W, C] -> the tokens entering the first block [B, 1 + N, D]."""
     config = self.config
     batch, height, width, channels = pixels.shape
     if (height, width, channels) != (config.image_size, config.image_size,
@@ -272,11 +287,7 @@ class VisionTransformer(nnx.Module):
     cls = jnp.broadcast_to(self.class_embedding[...].astype(x.dtype), (batch, 1, x.shape[-1]))
     x = jnp.concatenate([cls, x], axis=1)
     x = x + self.position_embedding(jnp.arange(x.shape[1]))[None].astype(x.dtype)
-    axes = ("batch", "patches", "embed")
-    x = constrain(self.pre_layrnorm(x), axes)
-    for layer in self.layers:
-      x = layer(x, None, axes)
-    return x, self.post_layernorm(x[:, 0])
+    return constrain(self.pre_layrnorm(x), VISION_AXES)
 
 
 class CLIPModel(nnx.Module):

@@ -6,7 +6,9 @@ the vision tower's patch states (no class token, before the post-layernorm) for 
 CLIP is frozen, so every distinct text and image is encoded once, here, and every epoch and
 run after that reads the states back memory-mapped. Texts may instead go through a frozen
 BERT/MiniLM sentence encoder (its last hidden states; `build_store(text_model=...)`), for
-worlds without a pretrained CLIP whose text tower keeps the words apart.
+worlds without a pretrained CLIP whose text tower keeps the words apart. A model that trains
+the vision tower's last blocks (vision_top.py) gets the tokens entering them instead
+(`build_store(image_blocks=...)`: class token and patches, [1 + P, Dv] per image).
 
 Layout of a store folder:
 ```
@@ -152,8 +154,10 @@ def _differences(found: dict, wanted: dict) -> list[str]:
 
 # ---- encoding ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=16)
-def _state_forwards(graphdef: nnx.GraphDef, dtype: str) -> tuple[Callable, Callable]:
-  """Jitted (text states, image patch states) functions per model structure."""
+def _state_forwards(graphdef: nnx.GraphDef, dtype: str, image_blocks: int | None = None
+                    ) -> tuple[Callable, Callable]:
+  """Jitted (text states, image states) functions per model structure (see build_store for
+  `image_blocks`)."""
 
   @jax.jit
   def text(state, ids, mask):
@@ -161,7 +165,11 @@ def _state_forwards(graphdef: nnx.GraphDef, dtype: str) -> tuple[Callable, Calla
 
   @jax.jit
   def image(state, pixels):
-    return nnx.merge(graphdef, state).image_features(pixels).patches.astype(dtype)
+    model = nnx.merge(graphdef, state)
+    if image_blocks is None:
+      return model.image_features(pixels).patches.astype(dtype)
+    vision = model.vision_model
+    return vision.blocks(vision.embed(pixels), stop=image_blocks).astype(dtype)
 
   return text, image
 
@@ -227,10 +235,12 @@ def encode_text_states(model: TextModel, tokenizer, texts: Sequence[str], *,
 
 def encode_image_states(model: clip.CLIPModel, paths: Sequence[str], *, batch_size: int,
                         dtype: str, sink: encoding.Sink,
-                        devices: Sequence[jax.Device] | None = None) -> None:
-  """Vision-tower patch states [B, P, Dv] of image files, per batch into `sink`."""
+                        devices: Sequence[jax.Device] | None = None,
+                        image_blocks: int | None = None) -> None:
+  """Vision-tower states of image files, per batch into `sink`: patch states [B, P, Dv], or
+  with `image_blocks` the class token and patches after that many blocks [B, 1 + P, Dv]."""
   graphdef, state = nnx.split(model)
-  _, image = _state_forwards(graphdef, dtype)
+  _, image = _state_forwards(graphdef, dtype, image_blocks)
   place = _Placement(devices)
   state = place.params(state)
   size = model.config.vision.image_size
@@ -250,7 +260,8 @@ def _clean(store_dir: str, listed: set[str]) -> None:
 
 def _write_part(tmp: str, model: clip.CLIPModel, text_model: TextModel, tokenizer,
                 texts: list[str], paths: list[str], *, max_text_len: int, batch_size: int,
-                dtype: str, devices) -> dict[str, int]:
+                dtype: str, devices, image_blocks: int | None, patches: int
+                ) -> dict[str, int]:
   os.makedirs(tmp)
   info = {"texts": len(texts), "tokens": 0, "images": len(paths)}
   if texts:
@@ -278,13 +289,13 @@ def _write_part(tmp: str, model: clip.CLIPModel, text_model: TextModel, tokenize
     vision = model.config.vision
     images = np.lib.format.open_memmap(
         os.path.join(tmp, "image_states.npy"), "w+", np.dtype(dtype),
-        (len(paths), vision.num_patches, vision.hidden_size))
+        (len(paths), patches, vision.hidden_size))
 
     def image_sink(rows, values, _):
       images[rows] = values
 
     encode_image_states(model, paths, batch_size=batch_size, dtype=dtype, sink=image_sink,
-                        devices=devices)
+                        devices=devices, image_blocks=image_blocks)
     images.flush()
     del images
   _write_json(os.path.join(tmp, "image_keys.json"), paths)
@@ -296,7 +307,8 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
                 fingerprint: dict, max_text_len: int = 77, batch_size: int = 64,
                 dtype: str = "float16", devices: Sequence[jax.Device] | None = None,
                 log: Callable[[str], None] | None = None,
-                text_model: bert.SentenceEncoder | None = None) -> StoreManifest:
+                text_model: bert.SentenceEncoder | None = None,
+                image_blocks: int | None = None) -> StoreManifest:
   """Encodes the texts and images a store lacks and adds them as a new part.
 
   Args:
@@ -314,6 +326,10 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
     log: receives one line per part written.
     text_model: encodes the texts instead of CLIP's text tower (a BERT/MiniLM sentence
       encoder; `tokenizer` is then its tokenizer). Images always go through CLIP.
+    image_blocks: None stores what the frozen stance model reads, the vision tower's patch
+      states (no class token, before the post-layernorm). A number k in [0, layers] stores
+      the class token and patches after the first k blocks ([1 + P, Dv] per image) for a
+      model that trains the remaining blocks; put k in the fingerprint.
 
   Returns:
     The store's manifest after the build.
@@ -333,8 +349,12 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
   if text_model is None:
     encoding.check_clip_tokenizer(clip_model, tokenizer)
   vision = clip_model.config.vision
+  if image_blocks is not None and not 0 <= image_blocks <= vision.num_hidden_layers:
+    raise ValueError(f"image_blocks {image_blocks} must be in [0, "
+                     f"{vision.num_hidden_layers}] (the vision tower's blocks)")
+  patches = vision.num_patches + (image_blocks is not None)  # With the class token.
   wanted = StoreManifest(_canonical(fingerprint), dtype, int(max_text_len),
-                         text_width(text_encoder), vision.hidden_size, vision.num_patches)
+                         text_width(text_encoder), vision.hidden_size, patches)
   os.makedirs(store_dir, exist_ok=True)
   manifest = _read_manifest(store_dir)
   have_texts: set[str] = set()
@@ -369,7 +389,7 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
   tmp = os.path.join(store_dir, f"{_TMP_PREFIX}{name}")
   info = _write_part(tmp, clip_model, text_encoder, tokenizer, new_texts, new_paths,
                      max_text_len=max_text_len, batch_size=batch_size, dtype=dtype,
-                     devices=devices)
+                     devices=devices, image_blocks=image_blocks, patches=patches)
   _write_json(os.path.join(tmp, "part.json"), info)
   os.replace(tmp, os.path.join(store_dir, name))
   manifest = dataclasses.replace(manifest, parts=(*manifest.parts, dict(name=name, **info)))

@@ -9,6 +9,9 @@ image retrieval has text token states too weak to compare the claim's values wit
 evidence's. Its token states for every claim, text item and
 image the run needs are computed once into a feature store (`verify.features_dir`, default
 WORKDIR/features; stages sharing a CLIP can share one) and training reads only the store.
+With `verify.tune_vision_layers = k` (beyond the paper) the CLIP's last k vision blocks are
+part of the trained model, started from the CLIP's weights (vision_top.py); the store then
+holds the image tokens entering them.
 
 Evidence modes are config switches of one task: `verify.evidence` is "gold" (each claim's
 own evidence and proof images) or a retrieval result CSV (system evidence), and
@@ -21,6 +24,7 @@ Model selection: the best `dev/macro_f1`, with early stopping by config.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Sequence
 
@@ -43,6 +47,7 @@ from mocheg_jax.train.task import Evaluator, Task
 from mocheg_jax.verification import evidence as evidence_lib
 from mocheg_jax.verification import features
 from mocheg_jax.verification import stance
+from mocheg_jax.verification import vision_top
 from mocheg_jax.verification.data import VerificationBatches
 
 RANDOM = "random"
@@ -69,6 +74,9 @@ def verify_config() -> ml_collections.ConfigDict:
   v.text_attention = "learned"  # or "cosine" (stance.StanceConfig.text_attention).
   v.dropout = 0.0
   v.missing_modality = "reference"  # or "zeros" (see stance.py).
+  # Beyond the paper: the CLIP's last k vision blocks train with the stance model (the store
+  # then caches the tokens entering them; see vision_top.py). 0: all of CLIP frozen.
+  v.tune_vision_layers = 0
   v.loss_weight_power = 2.0
   v.max_claim_len = 77
   v.max_text_len = 77
@@ -132,6 +140,8 @@ def _workdir_fingerprint(folder: str) -> dict:
 def clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> dict:
   """Who encodes the feature store, known without loading any weights."""
   out = _clip_fingerprint(v, wordpiece_dir, seed)
+  if v.tune_vision_layers:  # The store holds the tokens entering the tuned blocks.
+    out["tune_vision_layers"] = int(v.tune_vision_layers)
   kind = _text_encoder_kind(v.text_encoder)
   if kind != CLIP_TEXT:
     folder = os.path.abspath(v.text_encoder)
@@ -203,11 +213,29 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
-                param_dtype=jnp.float32) -> nnx.Module:
+                param_dtype=jnp.float32, vision: clip.CLIPVisionConfig | None = None
+                ) -> nnx.Module:
+  """The model of `v`'s mode; `vision` (the frozen CLIP's) is needed iff tune_vision_layers."""
   rngs = nnx.Rngs(seed)
   if not (v.use_text or v.use_image):
     return stance.ClaimOnlyClassifier(manifest.text_dim, param_dtype=param_dtype, rngs=rngs)
+  if v.tune_vision_layers:
+    if vision is None:
+      raise ValueError("tune_vision_layers needs the CLIP's vision config")
+    return vision_top.TunedVisionStance(stance_config(v, manifest), vision,
+                                        v.tune_vision_layers, param_dtype=param_dtype,
+                                        rngs=rngs)
   return stance.StanceDetector(stance_config(v, manifest), param_dtype=param_dtype, rngs=rngs)
+
+
+def image_blocks(v: ml_collections.ConfigDict, vision: clip.CLIPVisionConfig) -> int | None:
+  """The vision blocks the feature store runs (None: all, the frozen stance model's input)."""
+  if not v.tune_vision_layers:
+    return None
+  if not 0 < v.tune_vision_layers <= vision.num_hidden_layers:
+    raise MochegInputError(f"config.verify.tune_vision_layers {v.tune_vision_layers} must be "
+                           f"in [0, {vision.num_hidden_layers}] (the CLIP's vision blocks)")
+  return vision.num_hidden_layers - v.tune_vision_layers
 
 
 def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
@@ -268,7 +296,8 @@ class Verifier:
         features.build_store(self.features_dir, frozen.model, frozen.texts_tokenizer, texts,
                              images, fingerprint=self.fingerprint,
                              max_text_len=v.max_text_len, batch_size=v.encode_batch_size,
-                             dtype=v.feature_dtype, text_model=frozen.text_model)
+                             dtype=v.feature_dtype, text_model=frozen.text_model,
+                             image_blocks=image_blocks(v, frozen.model.config.vision))
       distributed.sync("verification-feature-store")
       store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint)
     self._opened = store
@@ -327,7 +356,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   v = config.verify
   seed = config.seed
   features_dir = v.features_dir or os.path.join(workdir, "features")
-  clip_loader = lambda: load_clip(v, data.wordpiece, seed)
+  if v.tune_vision_layers and not v.use_image:
+    raise MochegInputError("config.verify.tune_vision_layers needs use_image=True")
+  clip_loader = functools.cache(lambda: load_clip(v, data.wordpiece, seed))
   verifier = Verifier(config, data.release, features_dir, clip_loader,
                       clip_fingerprint(v, data.wordpiece, seed))
   train = verifier.evidence("train", v.evidence)
@@ -341,9 +372,15 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   weights = jnp.asarray(stance.class_weights(counts, v.loss_weight_power))
   manifest = store.manifest
   param_dtype = jnp.dtype(config.param_dtype)
+  # Tuned vision blocks take their shape and first values from the CLIP (loaded once).
+  vision = clip_loader().model.config.vision if v.tune_vision_layers else None
+  initial_params = None
+  if v.tune_vision_layers:
+    initial_params = lambda: vision_top.initial_params(clip_loader().model,
+                                                       v.tune_vision_layers)
 
   def model() -> nnx.Module:
-    return build_model(v, manifest, seed, param_dtype)
+    return build_model(v, manifest, seed, param_dtype, vision)
 
   def loss(model: nnx.Module, batch: dict[str, Any]):
     logits = forward(model, batch, deterministic=False)
@@ -359,5 +396,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     yield from scores([c.label for c in dev], verifier.predict(model, dev)).items()
 
   return Task(model=model, loss=loss, batch_axes=batch_axes(v), train_data=train_data,
-              evaluators=(Evaluator("dev", dev_scores),), inference=verifier)
+              evaluators=(Evaluator("dev", dev_scores),), initial_params=initial_params,
+              inference=verifier)
 
