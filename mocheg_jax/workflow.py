@@ -1,8 +1,9 @@
 """The main job: synthetic world -> statistics -> tokenizers -> TFDS -> a batch per task ->
-retrieval (train, index, search, Table 3) -> verification (train per evidence mode, Table 4).
+retrieval (train, index, search, Table 3) -> verification (train per evidence mode, Table 4)
+-> explanation (truthfulness classifier, generators with and without the reward, Table 5).
 
-Later stages (explanation, report) extend `run`; each step reuses what an earlier run of the
-same workdir already finished.
+Later stages (report) extend `run`; each step reuses what an earlier run of the same workdir
+already finished.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mocheg_jax.data import pipelines
 from mocheg_jax.data import prepare as prepare_lib
 from mocheg_jax.data import stats as stats_lib
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
+from mocheg_jax.explanation import stage as explanation_stage
 from mocheg_jax.retrieval import stage as retrieval_stage
 from mocheg_jax.verification import stage as verification_stage
 
@@ -72,6 +74,8 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
   summary["retrieval"] = timed("retrieval", lambda: retrieval_stage.run(
       workdir, scale, seed, log))["rows"]
   summary["verification"] = timed("verification", lambda: verification_stage.run(
+      workdir, scale, seed, log))["rows"]
+  summary["explanation"] = timed("explanation", lambda: explanation_stage.run(
       workdir, scale, seed, log))["rows"]
 
   with open(os.path.join(workdir, "summary.json"), "w") as f:

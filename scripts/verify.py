@@ -12,19 +12,17 @@ against the split's gold labels.
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 
 from absl import app
 from absl import flags
 
-from mocheg_jax.data.labels import LABEL_NAMES
 from mocheg_jax.data.mocheg import SPLITS
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.train.restore import WHICH, load_trained
 from mocheg_jax.utils.cli import friendly_errors
 from mocheg_jax.verification import task as verify_task
+from mocheg_jax.verification.predictions import write_predictions
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "The verifier's training workdir.",
                                   required=True)
@@ -33,19 +31,6 @@ _RELEASE = flags.DEFINE_string("release", None, "The release (default: the train
 _SPLIT = flags.DEFINE_enum("split", "test", list(SPLITS), "Whose claims are verified.")
 _EVIDENCE = flags.DEFINE_string("evidence", "gold", "gold, or a retrieval result CSV.")
 _OUT = flags.DEFINE_string("out", None, "The prediction CSV to write.", required=True)
-
-COLUMNS = ("claim_id", "label", "p_refuted", "p_supported", "p_nei")
-
-
-def write_predictions(path: str, claim_ids, probabilities) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(COLUMNS)
-    for claim_id, p in zip(claim_ids, probabilities):
-      writer.writerow([claim_id, LABEL_NAMES[int(p.argmax())], *(f"{x:.6f}" for x in p)])
-  os.replace(tmp, path)  # No half-written prediction file.
 
 
 @friendly_errors

@@ -4,6 +4,9 @@ Trains one verifier per evidence mode (text + image, text, image, none) on gold 
 with the main job's trained image retriever as the frozen CLIP, and scores each on the test
 split with gold evidence and with the retrieval stage's system evidence
 (WORKDIR/runs/retrieval_results.csv), beside the majority and average-similarity baselines.
+The text + image verifier's test predictions on system evidence are written to
+WORKDIR/runs/verify_results.csv (scripts/verify.py's format): the explanation stage's
+system labels.
 On a synthetic world the table also scores the claims about facts that only images show
 (flag colours, tower counts...), where image evidence must help. Everything lands under
 WORKDIR and is reused on a rerun (finished trainings are not repeated).
@@ -29,10 +32,15 @@ from mocheg_jax.utils.configs import load_config
 from mocheg_jax.verification import baselines
 from mocheg_jax.verification import task as verify_task
 from mocheg_jax.verification.evidence import ClaimEvidence
+from mocheg_jax.verification.predictions import write_predictions
 
 SPLIT = "test"
 MODES = {"text+image": (True, True), "text": (True, False), "image": (False, True),
          "none": (False, False)}
+# The system labels of the explanation stage: the text+image verifier on system evidence,
+# in scripts/verify.py's format.
+SYSTEM_LABELS = ("text+image", "system")
+VERIFY_RESULTS = os.path.join("runs", "verify_results.csv")
 
 
 def image_fact_claims(scale: str, seed: int) -> set[int]:
@@ -152,8 +160,12 @@ def run(workdir: str, scale: str, seed: int = 0,
     for source in sources:
       inference = model.task.inference
       claims = inference.evidence(SPLIT, verify_task.GOLD if source == "gold" else system_csv)
+      probabilities = inference.predict(model.model, claims)
       add(f"Stance ({name})", "-" if name == "none" else source, claims,
-          inference.predict(model.model, claims).argmax(-1))
+          probabilities.argmax(-1))
+      if (name, source) == SYSTEM_LABELS:  # What the explanation stage reads as labels.
+        write_predictions(os.path.join(workdir, VERIFY_RESULTS),
+                          [c.claim_id for c in claims], probabilities)
 
   markdown = format_table(rows)
   log("\nTable 4 (test split, synthetic world):\n" + markdown)
