@@ -21,7 +21,8 @@ from flax import nnx
 
 from benchmarks.torch_stance import TorchStance as TorchReference
 from benchmarks.torch_stance import to_torch
-from mocheg_jax.verification import baselines
+from mocheg_jax.models import clip
+from mocheg_jax.verification import baselines, features, vision_top
 from mocheg_jax.verification.stance import (StanceConfig, StanceDetector, class_weights,
                                             weighted_cross_entropy)
 
@@ -517,8 +518,7 @@ def test_sharded_parameters_and_batch_give_the_same_logits():
   np.testing.assert_allclose(np.asarray(sharded), expected, atol=1e-5, rtol=1e-5)
 
 
-def _small_clip(layers: int = 3) -> "clip.CLIPModel":
-  from mocheg_jax.models import clip
+def _small_clip(layers: int = 3) -> clip.CLIPModel:
   config = clip.CLIPConfig(
       text=clip.CLIPTextConfig(vocab_size=50, hidden_size=32, intermediate_size=40,
                                num_attention_heads=4, num_hidden_layers=1,
@@ -534,7 +534,6 @@ def _small_clip(layers: int = 3) -> "clip.CLIPModel":
 def test_tuned_vision_blocks_start_as_the_frozen_tower(tuned):
   """Cached tokens after L - k blocks + the k tuned blocks (initialised from the CLIP) give
   the frozen path's patch states, so tuning starts exactly where the frozen model is."""
-  from mocheg_jax.verification import features, vision_top
   frozen = _small_clip()
   pixels = jax.random.normal(jax.random.key(0), (2, 24, 24, 3))
   graphdef, state = nnx.split(frozen)
@@ -568,7 +567,6 @@ def _merged(base: dict, update: dict) -> dict:
 
 
 def test_tuned_vision_blocks_reject_bad_settings():
-  from mocheg_jax.verification import vision_top
   frozen = _small_clip(layers=2)
   config = StanceConfig(text_dim=32, image_dim=48, hidden=24)
   with pytest.raises(ValueError, match=r"tune_vision_layers must be in \[1, 2\]"):
