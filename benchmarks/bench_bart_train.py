@@ -183,7 +183,7 @@ def reward_model_for(config, shape: tuple[int, int, int, int] = REWARD_MODEL) ->
 class OursStep:
   """Our jitted train step over `loss` on one model's weights: compile, then run steps."""
 
-  def __init__(self, model, loss, batch: dict[str, Any]):
+  def __init__(self, model, loss, batch: dict[str, Any], constants: Any = None):
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -206,10 +206,13 @@ class OursStep:
         first_nonfinite_step=jnp.full((), -1, jnp.int32))
     self.batch = jax.device_put(batch)
     self.rng = jax.random.key(_SEED.value)
-    train_step = step_lib.make_train_step(spec, loss, opt.tx, opt.schedule)
+    # The reward model reaches the step as an argument (Task.constants), as in the trainer.
+    train_step = step_lib.make_train_step(spec, loss, opt.tx, opt.schedule,
+                                          with_constants=constants is not None)
+    self.constants = None if constants is None else jax.device_put(constants)
     start = time.perf_counter()
     self.compiled = jax.jit(train_step, donate_argnums=(0,)).lower(
-        self.state, self.batch, self.rng).compile()
+        self.state, self.batch, self.rng, self.constants).compile()
     self.compile_s = time.perf_counter() - start
     # What XLA planned for one step: scratch (activations, gradients, temporaries) beyond
     # the donated state, which is updated in place (aliased).
@@ -221,18 +224,19 @@ class OursStep:
 
   def __call__(self) -> None:
     import jax
-    self.state, metrics = self.compiled(self.state, self.batch, self.rng)
+    self.state, metrics = self.compiled(self.state, self.batch, self.rng, self.constants)
     jax.block_until_ready((self.state, metrics))
     self.metrics.append({k: float(v) for k, v in metrics.items()})
 
 
-def _losses(reward_model, settings):
-  """The task's loss (as generator_task.make_task builds it), NLL-only or with the reward."""
+def _losses(settings):
+  """The task's loss (as generator_task.make_task builds it): NLL-only, or with the reward
+  model the step passes as its constants."""
   import jax.numpy as jnp
 
   from mocheg_jax.explanation import reinforce
 
-  def loss(model, batch):
+  def loss(model, batch, reward_model=None):
     key = reinforce.policy_key(model) if reward_model is not None else None
     return reinforce.explanation_loss(model, batch, step=jnp.max(batch["step"]), key=key,
                                       settings=settings, reward_model=reward_model)
@@ -295,7 +299,7 @@ def bench_size(name: str) -> dict[str, Any]:
 
   sides: dict[str, Callable[[], None]] = {}
   print(f"[{name}] compiling our NLL step ...", flush=True)
-  nll = OursStep(model, _losses(None, reinforce.ReinforceSettings()), batch)
+  nll = OursStep(model, _losses(reinforce.ReinforceSettings()), batch)
   sides["ours"] = nll
   sides["reference"] = TorchStep(reference, batch)
   rl = None
@@ -305,7 +309,7 @@ def bench_size(name: str) -> dict[str, Any]:
                                            sample_max_length=_TARGET.value + 1)
     print(f"[{name}] compiling our REINFORCE step ...", flush=True)
     reward_shape = TINY_REWARD_MODEL if name == "tiny" else REWARD_MODEL
-    rl = OursStep(model, _losses(reward_model_for(c, reward_shape), settings), batch)
+    rl = OursStep(model, _losses(settings), batch, reward_model_for(c, reward_shape))
     sides["ours_reinforce"] = rl
 
   runs = {k: dict(seconds=[], cpu_seconds=[], extra_peak_gb=[]) for k in sides}

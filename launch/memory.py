@@ -14,8 +14,8 @@ The model (bytes per device; the workload is each stage's `paper` config):
 with S = fsdp x tensor (all of them, dcn included: fsdp shards each weight's "embed"
 dimension, tensor its heads / MLP / vocabulary), b = batch_size / accum_steps / (data x
 fsdp) rows per device, t = tensor, float32 parameters and compute (the configs' default
-dtypes), and P_const the parameters a jitted step closes over (the generator's reward
-classifier is a constant of the compiled program, so every device holds all of it).
+dtypes), and P_const the parameters the step reads but never trains (the generator's reward
+classifier, a replicated step argument (Task.constants): every device holds all of it).
 
 E(t), the float32 values per example kept for the backward pass, sums over the stage's
 transformer layers (sequence s, width h, heads a, MLP f, without rematerialisation):
@@ -86,7 +86,7 @@ BART_VOCAB = 50265
 
 @dataclasses.dataclass(frozen=True)
 class Params:
-  """Parameter counts: trained, frozen but sharded with them, closed-over constants."""
+  """Parameter counts: trained, frozen but sharded with them, replicated constants."""
   train: int
   frozen: int = 0
   const: int = 0

@@ -6,6 +6,7 @@ after kill -9 and SIGTERM run scripts/train.py in subprocesses, as a user would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -272,3 +273,35 @@ def test_bad_config_is_one_line_and_exit_1(tmp_path):
   assert done.returncode == 1
   assert "batch_size 16 is not divisible by config.accum_steps 5" in done.stderr
   assert "Traceback" not in done.stderr
+
+
+def scaled_by_constants_task(config, workdir):
+  """The toy task whose loss is multiplied by a Task.constants value."""
+  task = toy_task.make_task(config, workdir)
+
+  def loss(model, batch, constants):
+    value, metrics = task.loss(model, batch)
+    return value * constants["loss_scale"], metrics
+
+  return dataclasses.replace(task, loss=loss,
+                             constants=lambda: {"loss_scale": np.float32(3.0)})
+
+
+def test_task_constants_reach_the_loss_as_a_step_argument(one_device_run, tmp_path,
+                                                          monkeypatch):
+  """Task.constants: the loss gets them as its third argument (the step's fourth, placed once
+  on the devices), so the same run with loss x 3 logs 3x the loss at step 1."""
+  passed = []
+  original = loop.make_train_step
+
+  def spy(*args, **kwargs):
+    passed.append(kwargs.get("with_constants"))
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(loop, "make_train_step", spy)
+  config = toy_config(**{"mesh.data": 1, "total_steps": 2, "checkpoint_every": 2,
+                         "task": "tests.test_trainer:scaled_by_constants_task"})
+  loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
+  assert passed == [True]
+  np.testing.assert_allclose(losses(str(tmp_path))[0], 3 * losses(one_device_run[0])[0],
+                             rtol=1e-5)

@@ -106,8 +106,8 @@ def load_reward_model(classifier_dir: str, tokenizer, longest: int) -> reinforce
   classifier must read the generator's token ids (the same tokenizer: a `bart_encoder`
   classifier trained on the generator's BPE) and take `longest` of them.
 
-  Its parameters are closed over by the jitted train step, which makes them constants of
-  the compiled program (fine for small classifiers; see the report for large ones).
+  Its parameters reach the jitted train step as an argument (Task.constants), replicated on
+  every device.
   """
   if not os.path.isdir(classifier_dir):
     raise MochegInputError(f"config.explain.classifier {classifier_dir!r} is not a folder "
@@ -322,10 +322,13 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   def model() -> bart.Bart:
     return build_model(source, seed, e.dtype)
 
-  def loss(model: bart.Bart, batch: dict[str, Any]):
-    key = reinforce.policy_key(model) if reward_model is not None else None
+  def loss(model: bart.Bart, batch: dict[str, Any],
+           reward: reinforce.RewardModel | None = None):
+    # `reward` is Task.constants: the trainer passes the classifier's parameters to the
+    # jitted step as an argument (not baked into the program as constants).
+    key = reinforce.policy_key(model) if reward is not None else None
     return reinforce.explanation_loss(model, batch, step=jnp.max(batch["step"]), key=key,
-                                      settings=settings, reward_model=reward_model)
+                                      settings=settings, reward_model=reward)
 
   def train_data(local_batch: int):
     loader = pipelines.LoaderConfig(batch_size=local_batch, seed=seed,
@@ -341,4 +344,5 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   return Task(model=model, loss=loss, batch_axes=BATCH_AXES, train_data=train_data,
               evaluators=(Evaluator("dev", evaluator),),
               initial_params=_initial_params(source.folder) if source.folder else None,
+              constants=(lambda: reward_model) if reward_model is not None else None,
               inference=explainer)

@@ -199,10 +199,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
         b, {k: micro_sharding[k] for k in b})
     step_fn = jax.jit(
         make_train_step(spec, task.loss, optimizer.tx, optimizer.schedule,
-                        config.accum_steps, constrain_micro),
-        in_shardings=(shardings, batch_shardings, replicated),
+                        config.accum_steps, constrain_micro,
+                        with_constants=task.constants is not None),
+        in_shardings=(shardings, batch_shardings, replicated, replicated),
         out_shardings=(shardings, replicated), donate_argnums=(0,))
     rng = jax.random.key(config.seed)
+    # Frozen inputs of the loss: on the devices once, a jit argument at every step.
+    constants = (jax.device_put(task.constants(), replicated) if task.constants is not None
+                 else None)
     config_dict = config.to_dict()
 
     def evaluate(step: int) -> dict[str, float]:
@@ -259,7 +263,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
             _check_local_batch(local, local_batch, task.batch_axes)
           batch = distributed.global_batch({k: local[k] for k in task.batch_axes},
                                            batch_shardings)
-          state, metrics = step_fn(state, batch, rng)
+          state, metrics = step_fn(state, batch, rng, constants)
           step += 1
           window.add(metrics)
           progress.update()

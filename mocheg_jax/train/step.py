@@ -8,7 +8,7 @@ step, which the loop reports at its next host sync (log or checkpoint steps only
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -37,46 +37,48 @@ def split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
 def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, accum_steps: int = 1,
                     constrain_micro: Callable[[Batch], Batch] = lambda b: b,
-                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]:
+                    with_constants: bool = False) -> Callable[..., tuple[TrainState, Metrics]]:
   """The step function (not yet jitted; the loop jits it with shardings and donation).
 
   Args:
     spec: rebuilds the model from the state's dicts.
-    loss_fn: the task's `loss(model, batch) -> (loss, metrics)`.
+    loss_fn: the task's `loss(model, batch) -> (loss, metrics)`, or with `with_constants`
+      `loss(model, batch, constants)` (Task.constants: the step's fourth argument).
     tx, schedule: the optimizer and its learning-rate schedule (logged).
     accum_steps: micro-batches per step.
     constrain_micro: re-applies the batch sharding to a micro-batch.
   """
 
-  def micro_loss(params, frozen, others, micro, key):
+  def micro_loss(params, frozen, others, micro, key, constants):
     model = spec.merge(params, frozen, others, key)
-    loss, metrics = loss_fn(model, micro)
+    loss, metrics = (loss_fn(model, micro, constants) if with_constants
+                     else loss_fn(model, micro))
     return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def gradients(state: TrainState, batch: Batch, key: jax.Array):
+  def gradients(state: TrainState, batch: Batch, key: jax.Array, constants):
     if accum_steps == 1:
-      return grad_fn(state.params, state.frozen, state.others, batch, key)
+      return grad_fn(state.params, state.frozen, state.others, batch, key, constants)
     micro_batches = split_micro_batches(batch, accum_steps)
 
     def body(carry, xs):
       micro, index = xs
       out = grad_fn(state.params, state.frozen, state.others, constrain_micro(micro),
-                    jax.random.fold_in(key, index))
+                    jax.random.fold_in(key, index), constants)
       return jax.tree.map(jnp.add, carry, out), None
 
     first = jax.tree.map(lambda x: x[0], micro_batches)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                          jax.eval_shape(grad_fn, state.params, state.frozen, state.others,
-                                        first, key))
+                                        first, key, constants))
     total, _ = jax.lax.scan(body, zeros, (micro_batches, jnp.arange(accum_steps)))
     return jax.tree.map(lambda x: x / accum_steps, total)
 
-  def train_step(state: TrainState, batch: Batch, rng: jax.Array
+  def train_step(state: TrainState, batch: Batch, rng: jax.Array, constants: Any = None
                  ) -> tuple[TrainState, Mapping[str, jax.Array]]:
     key = jax.random.fold_in(rng, state.step)
-    (loss, metrics), grads = gradients(state, batch, key)
+    (loss, metrics), grads = gradients(state, batch, key, constants)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -56,6 +56,10 @@ class Task:
     evaluators: run every `eval_every` steps and at the end.
     initial_params: optional; returns a nested dict (any subset of the parameter tree, numpy
       arrays) that overwrites the random initialisation on a fresh start (pretrained weights).
+    constants: optional; returns a pytree the loss reads but never trains (a frozen reward
+      model). The trainer places it on the devices once, replicated, and passes it to the
+      jitted step as an argument, so large arrays are not baked into the compiled program;
+      the loss is then called as `loss(model, batch, constants)`.
     inference: optional stage-specific helpers for using the trained model after training
       (a retriever's query and document encoders, say); scripts reach them through
       `train.restore.load_trained(workdir).task.inference`.
@@ -66,6 +70,7 @@ class Task:
   train_data: Callable[[int], DataIterator | Iterator]
   evaluators: Sequence[Evaluator] = ()
   initial_params: Callable[[], Mapping[str, Any]] | None = None
+  constants: Callable[[], Any] | None = None
   inference: Any = None
 
 
