@@ -546,16 +546,20 @@ def test_tuned_vision_blocks_start_as_the_frozen_tower(tuned):
   nnx.replace_by_pure_dict(params, _merged(nnx.to_pure_dict(params),
                                            vision_top.initial_params(frozen, tuned)))
   nnx.update(model, params)
-  chex.assert_trees_all_close(model.vision_top(tokens),
-                              frozen.image_features(pixels).patches, atol=1e-5, rtol=1e-5)
-  # And the stance detector reads them: logits for [B=1, Ni=2] items of those tokens.
-  claim = jax.random.normal(jax.random.key(2), (1, 5, 32))
-  logits = model(claim, jnp.ones((1, 5)), text=jnp.ones((1, 1, 4, 32)),
-                 text_mask=jnp.ones((1, 1, 4)), image=tokens[None], image_mask=jnp.ones((1, 2)))
-  reference = model.stance(claim, jnp.ones((1, 5)), text=jnp.ones((1, 1, 4, 32)),
-                           text_mask=jnp.ones((1, 1, 4)),
-                           image=frozen.image_features(pixels).patches[None],
-                           image_mask=jnp.ones((1, 2)))
+
+  @nnx.jit  # One compiled program: op-by-op eager CLIP on 8 fake devices takes minutes.
+  def forward(model, frozen, tokens, pixels):
+    patches = frozen.image_features(pixels).patches
+    claim = jax.random.normal(jax.random.key(2), (1, 5, 32))
+    common = dict(text=jnp.ones((1, 1, 4, 32)), text_mask=jnp.ones((1, 1, 4)),
+                  image_mask=jnp.ones((1, 2)))
+    # The stance detector reads the tuned tokens: logits for [B=1, Ni=2] items.
+    return (model.vision_top(tokens), patches,
+            model(claim, jnp.ones((1, 5)), image=tokens[None], **common),
+            model.stance(claim, jnp.ones((1, 5)), image=patches[None], **common))
+
+  tuned_patches, patches, logits, reference = forward(model, frozen, tokens, pixels)
+  chex.assert_trees_all_close(tuned_patches, patches, atol=1e-5, rtol=1e-5)
   chex.assert_trees_all_close(logits, reference, atol=1e-5)
 
 
