@@ -68,3 +68,54 @@ def parse_int(value: str | None) -> int:
     if not as_float.is_integer():
       raise
     return int(as_float)
+
+
+def claim_rows(f, path: str, columns: Sequence[str]
+               ) -> Iterator[tuple[str, int, dict[str, str]]]:
+  """Yields (where, claim id, {column: raw cell}) per data row of a claim-keyed CSV that a
+  tool wrote (prediction and result files: every problem is an error, nothing is skipped).
+
+  `f` is the open file (callers word their own missing-file errors); `where` names the file
+  and 1-based data row for the caller's own cell errors. Blank rows are passed over; a
+  missing column, a row of the wrong width, a claim_id that is not an integer or that
+  appears twice is a `MochegInputError` naming file, row and column.
+  """
+  reader = csv.reader(f)
+  try:
+    header = [h.strip() for h in next(reader)]
+  except StopIteration:
+    raise MochegInputError(f"{path}: empty file, expected the header "
+                           f"{','.join(columns)}") from None
+  except (csv.Error, UnicodeDecodeError) as e:
+    raise MochegInputError(f"{path}: unreadable header: {e}") from None
+  missing = [c for c in columns if c not in header]
+  if missing:
+    raise MochegInputError(f"{path}: header lacks column(s) {', '.join(missing)}; "
+                           f"found {header}")
+  index = {c: header.index(c) for c in columns}
+  first_row: dict[int, int] = {}
+  row_number = 0
+  while True:
+    row_number += 1
+    where = f"{path}: row {row_number}"
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except (csv.Error, UnicodeDecodeError) as e:
+      raise MochegInputError(f"{where}: unreadable CSV: {e}") from None
+    if not row or all(not v.strip() for v in row):
+      continue
+    if len(row) != len(header):
+      raise MochegInputError(f"{where}: expected {len(header)} fields, found {len(row)}")
+    cells = {c: row[i] for c, i in index.items()}
+    try:
+      claim_id = int(cells["claim_id"].strip())
+    except ValueError:
+      raise MochegInputError(f"{where}, column claim_id: {cells['claim_id']!r} is not an "
+                             "integer") from None
+    if claim_id in first_row:
+      raise MochegInputError(f"{where}, column claim_id: claim {claim_id} already appeared "
+                             f"in row {first_row[claim_id]}")
+    first_row[claim_id] = row_number
+    yield where, claim_id, cells

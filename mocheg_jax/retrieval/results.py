@@ -25,6 +25,7 @@ import math
 import os
 from typing import Iterable, Mapping, Sequence
 
+from mocheg_jax.data import csv_io
 from mocheg_jax.data.report import MochegInputError
 
 COLUMNS = ("claim_id", "text_evidence_ids", "text_evidence", "text_scores", "image_evidence",
@@ -147,45 +148,8 @@ def read_results(path: str | os.PathLike) -> dict[int, RetrievedEvidence]:
     raise MochegInputError(f"{path_str}: is a directory, expected a retrieval result CSV") \
         from None
   results: dict[int, RetrievedEvidence] = {}
-  first_row: dict[int, int] = {}
   with f:
-    reader = csv.reader(f)
-    try:
-      header = [h.strip() for h in next(reader)]
-    except StopIteration:
-      raise MochegInputError(f"{path_str}: empty file, expected the header "
-                             f"{','.join(COLUMNS)}") from None
-    except (csv.Error, UnicodeDecodeError) as e:
-      raise MochegInputError(f"{path_str}: unreadable header: {e}") from None
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-      raise MochegInputError(f"{path_str}: header lacks column(s) {', '.join(missing)}; "
-                             f"found {header}")
-    index = {c: header.index(c) for c in COLUMNS}
-    row_number = 0
-    while True:
-      row_number += 1
-      where = f"{path_str}: row {row_number}"
-      try:
-        row = next(reader)
-      except StopIteration:
-        break
-      except (csv.Error, UnicodeDecodeError) as e:
-        raise MochegInputError(f"{where}: unreadable CSV: {e}") from None
-      if not row or all(not v.strip() for v in row):
-        continue
-      if len(row) != len(header):
-        raise MochegInputError(f"{where}: expected {len(header)} fields, found {len(row)}")
-      cells = {c: row[i] for c, i in index.items()}
-      try:
-        claim_id = int(cells["claim_id"].strip())
-      except ValueError:
-        raise MochegInputError(f"{where}, column claim_id: {cells['claim_id']!r} is not an "
-                               "integer") from None
-      if claim_id in first_row:
-        raise MochegInputError(f"{where}, column claim_id: claim {claim_id} already appeared "
-                               f"in row {first_row[claim_id]}")
-      first_row[claim_id] = row_number
+    for where, claim_id, cells in csv_io.claim_rows(f, path_str, COLUMNS):
       text_ids = _parse_list(cells["text_evidence_ids"], "text_evidence_ids", where, str)
       texts = _parse_list(cells["text_evidence"], "text_evidence", where, str)
       text_scores = _parse_list(cells["text_scores"], "text_scores", where, float)

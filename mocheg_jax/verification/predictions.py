@@ -18,6 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
+from mocheg_jax.data import csv_io
 from mocheg_jax.data.labels import LABEL_NAMES, UnknownLabelError, label_from_name
 from mocheg_jax.data.report import MochegInputError
 
@@ -76,45 +77,9 @@ def read_predictions(path: str | os.PathLike) -> dict[int, Prediction]:
     raise MochegInputError(f"{path_str}: missing verification prediction file (expected "
                            f"a CSV with columns {','.join(COLUMNS)})") from None
   out: dict[int, Prediction] = {}
-  first_row: dict[int, int] = {}
   with f:
-    reader = csv.reader(f)
-    try:
-      header = [h.strip() for h in next(reader)]
-    except StopIteration:
-      raise MochegInputError(f"{path_str}: empty file, expected the header "
-                             f"{','.join(COLUMNS)}") from None
-    except (csv.Error, UnicodeDecodeError) as e:
-      raise MochegInputError(f"{path_str}: unreadable header: {e}") from None
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-      raise MochegInputError(f"{path_str}: header lacks column(s) {', '.join(missing)}; "
-                             f"found {header}")
-    index = {c: header.index(c) for c in COLUMNS}
-    row_number = 0
-    while True:
-      row_number += 1
-      where = f"{path_str}: row {row_number}"
-      try:
-        row = next(reader)
-      except StopIteration:
-        break
-      except (csv.Error, UnicodeDecodeError) as e:
-        raise MochegInputError(f"{where}: unreadable CSV: {e}") from None
-      if not row or all(not v.strip() for v in row):
-        continue
-      if len(row) != len(header):
-        raise MochegInputError(f"{where}: expected {len(header)} fields, found {len(row)}")
-      cells = {c: row[i].strip() for c, i in index.items()}
-      try:
-        claim_id = int(cells["claim_id"])
-      except ValueError:
-        raise MochegInputError(f"{where}, column claim_id: {cells['claim_id']!r} is not an "
-                               "integer") from None
-      if claim_id in first_row:
-        raise MochegInputError(f"{where}, column claim_id: claim {claim_id} already appeared "
-                               f"in row {first_row[claim_id]}")
-      first_row[claim_id] = row_number
+    for where, claim_id, raw in csv_io.claim_rows(f, path_str, COLUMNS):
+      cells = {c: v.strip() for c, v in raw.items()}
       try:
         label = label_from_name(cells["label"])
       except UnknownLabelError:
