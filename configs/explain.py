@@ -15,7 +15,9 @@ Variants:
          beam 4, no_repeat_ngram_size 3, max 400 tokens; pass the release with
          --config.data.release=DIR and the classifier with --config.explain.classifier
          (it scores the generator's token ids inside the step, so it must use the same
-         tokenizer: a bart_encoder classifier, not the reference's bert-base-uncased).
+         tokenizer: a bart_encoder classifier; for the reference's bert-base-uncased
+         classifier add --config.explain.reward_input=text: the samples are then decoded
+         and re-tokenised on the host inside the step, explanation/text_reward.py).
 Reference behaviours as flags: --config.explain.baseline=none (no baseline),
 --config.explain.teacher_forced_sampling=True (per-position sampling from teacher-forced
 logits), --config.explain.left_truncation=True (cuts the source from the left).

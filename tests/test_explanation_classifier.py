@@ -369,3 +369,114 @@ def test_long_explanations_are_cut_on_the_left(trained):
   assert ids[0].tolist() == [full[0], *full[len(full) - inference.max_len + 1:]]
   assert ids[0, -1] == tok.eos_token_id
   assert mask[1].sum() == len(tok("Short.")["input_ids"])
+
+
+# ---- the reference's reward path: the classifier reads re-tokenised text ---------------------
+def _text_classifier(data, max_len: int = 48) -> ct.TrainedClassifier:
+  """A random BERT-body classifier over the world's WordPiece: another vocabulary than the
+  generator's BPE, as the reference's bert-base-uncased is."""
+  wordpiece = prepare_lib.tokenizers.load_tokenizer(data.wordpiece)
+  encoder = bert.BertConfig(vocab_size=len(wordpiece), hidden_size=24, num_hidden_layers=2,
+                            num_attention_heads=4, intermediate_size=40,
+                            max_position_embeddings=64)
+  model = _model(cl.ClassifierConfig("bert", encoder, "pooler"))
+  inference = ct.ClassifierInference(tokenizer_dir=data.wordpiece, body="bert",
+                                     max_len=max_len, truncation_side="left", batch_size=4)
+  return ct.TrainedClassifier(model, inference, step=0, workdir="text-classifier")
+
+
+def _generator_ids(tokenizer, texts, length: int):
+  """BPE ids of `texts` as a sample holds them: no <s>, cut at `length`, pads masked."""
+  rows = [tokenizer(t, add_special_tokens=False)["input_ids"][:length] for t in texts]
+  ids = np.full((len(rows), length), tokenizer.pad_token_id, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)], mask[i, :len(r)] = r, True
+  return ids, mask
+
+
+def test_text_reward_equals_the_host_classifier_on_the_decoded_samples(world):
+  from mocheg_jax.explanation import text_reward
+  _, data = world
+  bpe = prepare_lib.tokenizers.load_tokenizer(data.bpe)
+  classifier = _text_classifier(data)
+  texts = [*ct.read_explanations(MochegRelease(data.release), "val").texts[:3], "", "Fine."]
+  ids, mask = _generator_ids(bpe, texts, 40)  # The first rows are cut mid-text.
+  ids[1, 5] = bpe.pad_token_id  # A masked-in pad: decoding skips it, as the reference.
+  reward_model = text_reward.text_reward_model(classifier, bpe)
+  labels = jnp.asarray([0, 1, 2, 1, 0])
+  probs, rewards = jax.jit(lambda r, i, m: (r(i, m), r.reward(i, m, labels)))(
+      reward_model, jnp.asarray(ids), jnp.asarray(mask))
+  decoded = bpe.batch_decode([row[keep] for row, keep in zip(ids, mask)],
+                             skip_special_tokens=True)
+  assert decoded[4] == "Fine." and decoded[3] == ""
+  expected = classifier.predict(decoded)
+  np.testing.assert_allclose(np.asarray(probs), expected, atol=2e-6)
+  np.testing.assert_allclose(np.asarray(rewards),
+                             np.asarray(cl.reward(jnp.asarray(expected), labels)), atol=4e-6)
+  assert np.ptp(expected[:, 0]) > 50 * 2e-6  # The rows differ beyond the tolerance.
+
+
+def test_text_reward_inside_a_sharded_reinforce_step(world):
+  """The callback runs inside the jitted, batch-sharded loss and its gradient; the greedy
+  baseline (per-position argmax of the teacher-forced logits) it reports is the host
+  classifier's reward of that decoded text."""
+  from mocheg_jax.explanation import reinforce, text_reward
+  _, data = world
+  bpe = prepare_lib.tokenizers.load_tokenizer(data.bpe)
+  classifier = _text_classifier(data)
+  reward_model = text_reward.text_reward_model(classifier, bpe)
+  generator = bart.Bart(bart.BartConfig(
+      vocab_size=len(bpe), d_model=16, encoder_layers=1, decoder_layers=1,
+      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+      decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0), rngs=nnx.Rngs(0))
+  texts = ct.read_explanations(MochegRelease(data.release), "val").texts[:4]
+  source_ids, source_mask = _generator_ids(bpe, [f"refuted </s> {t}" for t in texts], 24)
+  target_ids, target_mask = _generator_ids(bpe, texts, 16)
+  labels = np.asarray([0, 1, 2, 1], np.int32)
+  batch = {"source_ids": source_ids, "source_mask": source_mask.astype(np.int32),
+           "target_ids": target_ids, "target_mask": target_mask.astype(np.int32),
+           "label": labels}
+  settings = reinforce.ReinforceSettings(sc_weight=0.5, start_step=0, baseline="greedy",
+                                         teacher_forced_sampling=True, sample_max_length=16)
+  mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:2])  # As the trainer's mesh.
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  batch = jax.device_put(batch, rows)
+
+  @nnx.jit
+  def step(model, batch, reward_model):
+    def loss(model):
+      return reinforce.explanation_loss(model, batch, step=jnp.int32(3),
+                                        key=jax.random.key(1), settings=settings,
+                                        reward_model=reward_model)
+    return nnx.value_and_grad(loss, has_aux=True)(model)
+
+  (value, metrics), grads = step(generator, batch, reward_model)
+  assert np.isfinite(float(value)) and float(metrics["sc_weight"]) == 0.5
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  logits = reinforce.teacher_forced_logits(generator, jnp.asarray(source_ids),
+                                           jnp.asarray(source_mask), jnp.asarray(target_ids),
+                                           deterministic=True)
+  greedy = np.where(target_mask, np.asarray(jnp.argmax(logits, -1)), target_ids)
+  decoded = bpe.batch_decode([row[keep] for row, keep in zip(greedy, target_mask)],
+                             skip_special_tokens=True)
+  expected = cl.reward(jnp.asarray(classifier.predict(decoded)), jnp.asarray(labels))
+  np.testing.assert_allclose(float(metrics["baseline"]), float(np.mean(expected)), atol=1e-5)
+
+
+def test_text_reward_path_is_chosen_by_config(world, trained):
+  """"ids" refuses a classifier of another tokenizer; "text" takes it; a typo is named."""
+  from mocheg_jax.explanation import generator_task as gt
+  _, data = world
+  wordpiece = prepare_lib.tokenizers.load_tokenizer(data.wordpiece)
+  workdir = str(trained[0])
+  with pytest.raises(MochegInputError, match="reward_input=text"):
+    gt.load_reward_model(workdir, wordpiece, 32, "ids")
+  reward_model = gt.load_reward_model(workdir, wordpiece, 32, "text")
+  ids, mask = _generator_ids(wordpiece, ["The claim is rated False."], 12)
+  probs = jax.jit(lambda r, i, m: r(i, m))(reward_model, ids, mask)
+  text = wordpiece.batch_decode([ids[0][mask[0]]], skip_special_tokens=True)
+  np.testing.assert_allclose(np.asarray(probs), trained[2].predict(text), atol=2e-6)
+  with pytest.raises(MochegInputError, match="reward_input 'txt'"):
+    gt.load_reward_model(workdir, wordpiece, 32, "txt")

@@ -407,7 +407,8 @@ class TrainedClassifier:
                              f"({self.inference.tokenizer_dir}, {len(self.tokenizer)} tokens) "
                              f"differs from {what}'s ({len(tokenizer)} tokens), so it cannot "
                              "read its token ids; train the classifier on that tokenizer "
-                             "(body bart_encoder) or score decoded text with predict()")
+                             "(body bart_encoder), or let it read decoded text: "
+                             "config.explain.reward_input=text")
 
 
 def load_classifier(workdir: str, which: str = "best") -> TrainedClassifier:

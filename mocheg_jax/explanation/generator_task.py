@@ -69,6 +69,10 @@ def explain_config() -> ml_collections.ConfigDict:
   e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
   # The reward (reinforce.ReinforceSettings).
   e.classifier = ""  # A truthfulness classifier's training workdir; "": NLL only.
+  # How the classifier reads a sample: "ids" (the generator's token ids, inside the step; the
+  # classifier must share the generator's tokenizer) or "text" (decoded and re-tokenised on
+  # the host for any classifier's tokenizer, as the reference's BERT: text_reward.py).
+  e.reward_input = "ids"
   e.sc_weight = 0.5
   e.sc_start_step = 20
   e.baseline = "greedy"  # none (the reference) | greedy (self-critical) | mean
@@ -98,22 +102,33 @@ def reinforce_settings(e: ml_collections.ConfigDict) -> reinforce.ReinforceSetti
 
 
 # ---- the reward model ----------------------------------------------------------------------
-def load_reward_model(classifier_dir: str, tokenizer, longest: int) -> reinforce.RewardModel:
+REWARD_INPUTS = ("ids", "text")
+
+
+def load_reward_model(classifier_dir: str, tokenizer, longest: int, reward_input: str = "ids"
+                      ) -> reinforce.RewardModel:
   """The frozen truthfulness classifier of a classifier training workdir, as a RewardModel.
 
   This is where the real classifier is wired in (`classifier_task.load_classifier` and
-  `classifier.label_probabilities`); everything else sees only the RewardModel. The
-  classifier must read the generator's token ids (the same tokenizer: a `bart_encoder`
-  classifier trained on the generator's BPE) and take `longest` of them.
+  `classifier.label_probabilities`); everything else sees only the RewardModel. With
+  `reward_input="ids"` the classifier must read the generator's token ids (the same
+  tokenizer: a `bart_encoder` classifier trained on the generator's BPE) and take `longest`
+  of them; with "text" any classifier does (`text_reward`: the samples are decoded and
+  re-tokenised on the host inside the step).
 
   Its parameters reach the jitted train step as an argument (Task.constants), replicated on
   every device.
   """
+  if reward_input not in REWARD_INPUTS:
+    raise MochegInputError(f"config.explain.reward_input {reward_input!r}: expected one of "
+                           f"{', '.join(REWARD_INPUTS)}")
   if not os.path.isdir(classifier_dir):
     raise MochegInputError(f"config.explain.classifier {classifier_dir!r} is not a folder "
                            "(expected a truthfulness classifier's training workdir)")
-  from mocheg_jax.explanation import classifier, classifier_task
+  from mocheg_jax.explanation import classifier, classifier_task, text_reward
   trained = classifier_task.load_classifier(classifier_dir, which="best")
+  if reward_input == "text":
+    return text_reward.text_reward_model(trained, tokenizer)
   trained.check_reads_ids_of(tokenizer)
   positions = trained.model.config.max_positions
   if longest > positions:
@@ -315,7 +330,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   if e.classifier:
     longest = max(e.sample_max_length, e.max_decode_length) - 1
     reward_model = load_reward_model(e.classifier, load_tokenizer(source.tokenizer_dir),
-                                     longest)
+                                     longest, e.reward_input)
   settings = reinforce_settings(e)
   seed = config.seed
 
