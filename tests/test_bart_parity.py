@@ -109,6 +109,35 @@ def test_logits_match_hf_with_and_without_padding(tmp_path, overrides):
                              atol=1e-4)
 
 
+def test_pre_layer_norm_matches_hf_mbart(tmp_path):
+  """normalize_before=True is mBART's layout: transformers' MBart with the same random
+  weights (mapped by the same table plus the stacks' final LayerNorms) gives our logits."""
+  from mocheg_jax.models.hf import convert
+  torch.manual_seed(3)
+  reference = transformers.MBartForConditionalGeneration(
+      transformers.MBartConfig(**TINY, scale_embedding=True)).eval()
+  with torch.no_grad():
+    for name, p in reference.named_parameters():
+      p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name and name.endswith("weight")
+              else 0.2 * torch.randn_like(p))
+    reference.final_logits_bias.normal_(0.0, 1.0)
+  config = bart.BartConfig(**TINY, scale_embedding=True, normalize_before=True)
+  state = {k: v.numpy() for k, v in reference.state_dict().items()}
+  ours = convert.load_into_abstract(lambda: bart.Bart(config, rngs=nnx.Rngs(0)), state,
+                                    hf_bart.rules(config), source="mbart",
+                                    ignore=hf_bart.IGNORE)
+  assert ours.encoder.layer_norm is not None and ours.decoder.layer_norm is not None
+  src, src_mask, tgt, tgt_mask = _ragged_batch()
+  logits, memory = _forward_and_memory(ours, *(jnp.asarray(a) for a in (src, src_mask, tgt,
+                                                                         tgt_mask)))
+  want = _hf_logits(reference, src, src_mask, tgt, tgt_mask)
+  real = tgt_mask == 1
+  np.testing.assert_allclose(np.asarray(logits)[real], want[real], atol=1e-4)
+  assert np.abs(want).max() > 1.0
+  with pytest.raises(MochegInputError, match="pre-LN"):
+    config.to_hf()
+
+
 def test_shift_tokens_right_matches_hf():
   labels = np.array([[5, 6, 7, -100], [8, -100, -100, -100]])
   want = transformers.models.bart.modeling_bart.shift_tokens_right(torch.tensor(labels), 1, 2)
@@ -116,9 +145,14 @@ def test_shift_tokens_right_matches_hf():
                                 want.numpy())
 
 
-def test_incremental_decoding_with_cache_equals_full_forward(checkpoint):
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+def test_incremental_decoding_with_cache_equals_full_forward(checkpoint, pre_layer_norm):
   folder, _ = checkpoint
-  ours = hf_bart.load(folder)
+  if pre_layer_norm:  # Random weights, scaled up so the logits are far from zero.
+    ours = bart.Bart(bart.BartConfig(**TINY, normalize_before=True), rngs=nnx.Rngs(5))
+    nnx.update(ours, jax.tree.map(lambda x: 5 * x, nnx.state(ours, nnx.Param)))
+  else:
+    ours = hf_bart.load(folder)
   src, src_mask, tgt, _ = _ragged_batch(seed=3)
   src, src_mask, tgt = jnp.asarray(src), jnp.asarray(src_mask), jnp.asarray(tgt)
   graphdef, state = nnx.split(ours)
@@ -144,7 +178,10 @@ def test_incremental_decoding_with_cache_equals_full_forward(checkpoint):
     pieces.append(np.asarray(logits))
   assert int(cache.index) == tgt.shape[1]
   assert step._cache_size() == 1
-  np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5)
+  # Pre-LN's weights are scaled up (logits in the tens): float32 rounding, not a cache bug
+  # (that would differ by whole units).
+  np.testing.assert_allclose(np.concatenate(pieces, axis=1), full,
+                             atol=1e-4 if pre_layer_norm else 1e-5)
 
 
 def test_export_round_trip_loads_in_transformers(checkpoint, tmp_path):

@@ -95,6 +95,30 @@ def test_nll_equals_a_hand_computation():
   assert set(metrics) == {"nll", "target_tokens"}  # No reward model: no reward metrics.
 
 
+def test_source_reconstruction_term_is_the_nll_of_copying_the_source_after_bos():
+  """The auxiliary term: the decoder, started with BOS (not the explanation's EOS start),
+  re-writes the source's first T tokens from the same encoder pass; weighted into the loss."""
+  model, batch = _model(), _batch()
+  source, mask = np.asarray(batch["source_ids"])[:, :T], np.asarray(batch["source_mask"])[:, :T]
+  decoder_inputs = np.concatenate([np.full((B, 1), BOS), source[:, :-1]], axis=1)
+
+  @jax.jit
+  def run(batch, decoder_inputs):
+    plain = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=None,
+                                       settings=reinforce.ReinforceSettings())
+    weighted = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=None,
+                                          settings=reinforce.ReinforceSettings(),
+                                          reconstruction_weight=0.25)
+    return plain, weighted, model(batch["source_ids"], batch["source_mask"], decoder_inputs)
+
+  (plain, _), (weighted, metrics), logits = run(batch, jnp.asarray(decoder_inputs))
+  picked = np.take_along_axis(_log_softmax(np.asarray(logits)), source[..., None], -1)[..., 0]
+  want = -picked[mask == 1].mean()
+  np.testing.assert_allclose(float(metrics["reconstruction_nll"]), want, rtol=1e-5)
+  np.testing.assert_allclose(float(weighted), float(plain) + 0.25 * want, rtol=1e-5)
+  assert float(metrics["nll"]) == pytest.approx(float(plain))
+
+
 def test_policy_gradient_matches_hand_and_finite_differences():
   rng = np.random.default_rng(1)
   logits = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.float32)

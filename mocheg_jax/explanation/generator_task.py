@@ -62,11 +62,18 @@ def explain_config() -> ml_collections.ConfigDict:
   e.heads = 4
   e.ffn = 128
   e.dropout = 0.1
+  # Pre-LN layers (bart.BartConfig.normalize_before): a post-LN BART trained from scratch
+  # learnt to ignore its source on the small world (its encoder output collapsed).
+  e.normalize_before = False
   e.max_positions = 512
   # Inputs.
   e.max_source_len = 512
   e.max_target_len = 400
   e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
+  # Weight of the auxiliary source-copying NLL (reinforce.source_reconstruction_nll): a
+  # randomly initialised generator otherwise learns to ignore its source. 0 for a
+  # pretrained BART (the paper's setting).
+  e.reconstruction_weight = 0.0
   # The reward (reinforce.ReinforceSettings).
   e.classifier = ""  # A truthfulness classifier's training workdir; "": NLL only.
   # How the classifier reads a sample: "ids" (the generator's token ids, inside the step; the
@@ -155,6 +162,7 @@ def generator_source(e: ml_collections.ConfigDict, bpe_dir: str) -> GeneratorSou
         decoder_layers=e.layers, encoder_attention_heads=e.heads,
         decoder_attention_heads=e.heads, encoder_ffn_dim=e.ffn, decoder_ffn_dim=e.ffn,
         max_position_embeddings=e.max_positions, dropout=e.dropout,
+        normalize_before=e.normalize_before,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id,
         forced_eos_token_id=tokenizer.eos_token_id)
@@ -343,7 +351,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     # jitted step as an argument (not baked into the program as constants).
     key = reinforce.policy_key(model) if reward is not None else None
     return reinforce.explanation_loss(model, batch, step=jnp.max(batch["step"]), key=key,
-                                      settings=settings, reward_model=reward)
+                                      settings=settings, reward_model=reward,
+                                      reconstruction_weight=e.reconstruction_weight)
 
   def train_data(local_batch: int):
     loader = pipelines.LoaderConfig(batch_size=local_batch, seed=seed,

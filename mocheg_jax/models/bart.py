@@ -3,7 +3,9 @@
 The layout follows transformers' BartForConditionalGeneration so weights convert one to one
 (mocheg_jax/models/hf/bart.py): a shared token embedding tied to the encoder, the decoder and
 the LM head; learned positions with BART's offset of 2; layernorm_embedding; post-LN encoder
-and decoder layers; a final_logits_bias added to the logits.
+and decoder layers; a final_logits_bias added to the logits. `normalize_before=True` gives
+the pre-LN layout instead (mBART's: a LayerNorm before each sublayer and one after each
+stack), for generators trained from scratch.
 
 Incremental decoding keeps a `DecoderCache` pytree: per decoder layer the self-attention
 keys and values of max_length positions, written in place with lax.dynamic_update_slice,
@@ -60,6 +62,10 @@ class BartConfig:
   attention_dropout: float = 0.0
   activation_dropout: float = 0.0
   init_std: float = 0.02
+  # Pre-LN layers plus a final LayerNorm per side (mBART's layout; fairseq's
+  # normalize_before + add_final_layer_norm). Not in facebook/bart-*: for randomly initialised
+  # generators only (the post-LN stack trained from scratch collapsed, see reinforce.py).
+  normalize_before: bool = False
   pad_token_id: int = 1
   bos_token_id: int = 0
   eos_token_id: int | tuple[int, ...] = 2
@@ -128,6 +134,9 @@ class BartConfig:
 
   def to_hf(self) -> dict[str, Any]:
     """config.json content that transformers' BartConfig accepts (no generation keys)."""
+    if self.normalize_before:
+      raise MochegInputError("a pre-LN BART (normalize_before=True) has no transformers "
+                             "BartConfig equivalent")
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
            if f.name not in GENERATION_KEYS}
     if isinstance(out["eos_token_id"], tuple):
@@ -211,8 +220,20 @@ class _FeedForward(nnx.Module):
     return self.fc2(self.dropout(h, deterministic=deterministic))
 
 
+# How a sublayer f joins the residual stream: LN(x + f(x)) post-LN (BART), x + f(LN(x)) pre-LN
+# (config.normalize_before); dropout on f's output either way.
+def _sublayer_input(pre: bool, x: jax.Array, norm: layers.LayerNorm) -> jax.Array:
+  return norm(x) if pre else x
+
+
+def _residual(pre: bool, x: jax.Array, h: jax.Array, norm: layers.LayerNorm,
+              dropout: nnx.Dropout, deterministic: bool) -> jax.Array:
+  x = x + dropout(h, deterministic=deterministic)
+  return x if pre else norm(x)
+
+
 class EncoderLayer(nnx.Module):
-  """Post-LN: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+  """Self-attention then FFN: post-LN x = LN(x + f(x)), or pre-LN x = x + f(LN(x))."""
 
   def __init__(self, config: BartConfig, *, dtype: Dtype, rngs: nnx.Rngs):
     d = config.d_model
@@ -224,17 +245,21 @@ class EncoderLayer(nnx.Module):
                             config.activation_dropout, dtype=dtype, rngs=rngs)
     self.final_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    self.pre_norm = config.normalize_before
 
   def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
-    h = self.self_attn(x, mask=mask, deterministic=deterministic)
-    x = self.self_attn_layer_norm(x + self.dropout(h, deterministic=deterministic))
-    h = self.mlp(x, deterministic)
-    x = self.final_layer_norm(x + self.dropout(h, deterministic=deterministic))
+    pre, drop = self.pre_norm, self.dropout
+    h = self.self_attn(_sublayer_input(pre, x, self.self_attn_layer_norm), mask=mask,
+                       deterministic=deterministic)
+    x = _residual(pre, x, h, self.self_attn_layer_norm, drop, deterministic)
+    h = self.mlp(_sublayer_input(pre, x, self.final_layer_norm), deterministic)
+    x = _residual(pre, x, h, self.final_layer_norm, drop, deterministic)
     return layers.constrain(x, ("batch", "length", "embed"))
 
 
 class DecoderLayer(nnx.Module):
-  """Post-LN: causal self-attention, cross-attention to the encoder memory, FFN."""
+  """Causal self-attention, cross-attention to the encoder memory, FFN; post-LN, or pre-LN
+  (as EncoderLayer)."""
 
   def __init__(self, config: BartConfig, *, dtype: Dtype, rngs: nnx.Rngs):
     d, heads = config.d_model, config.decoder_attention_heads
@@ -247,15 +272,18 @@ class DecoderLayer(nnx.Module):
                             config.activation_dropout, dtype=dtype, rngs=rngs)
     self.final_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    self.pre_norm = config.normalize_before
 
   def __call__(self, x: jax.Array, self_mask: jax.Array, cross_mask: jax.Array, *,
                memory: jax.Array | None, cache: LayerCache | None, index: jax.Array | None,
                deterministic: bool) -> tuple[jax.Array, LayerCache | None]:
+    pre, drop = self.pre_norm, self.dropout
+    y = _sublayer_input(pre, x, self.self_attn_layer_norm)
     if cache is None:
-      h = self.self_attn(x, mask=self_mask, deterministic=deterministic)
+      h = self.self_attn(y, mask=self_mask, deterministic=deterministic)
       cross_kv = self.encoder_attn.project_kv(memory)
     else:
-      k, v = self.self_attn.project_kv(x)  # [B, T, H, D] for the new tokens only.
+      k, v = self.self_attn.project_kv(y)  # [B, T, H, D] for the new tokens only.
       dtype = cache.key.dtype
       cache = cache.replace(
           key=jax.lax.dynamic_update_slice(cache.key, LayerCache.keys_in(k).astype(dtype),
@@ -263,14 +291,15 @@ class DecoderLayer(nnx.Module):
           value=jax.lax.dynamic_update_slice(cache.value,
                                              LayerCache.values_in(v).astype(dtype),
                                              (0, 0, index, 0)))
-      h = self.self_attn(x, kv=LayerCache.kv_out(cache.key, cache.value), mask=self_mask,
+      h = self.self_attn(y, kv=LayerCache.kv_out(cache.key, cache.value), mask=self_mask,
                          deterministic=deterministic)
       cross_kv = LayerCache.kv_out(cache.cross_key, cache.cross_value)
-    x = self.self_attn_layer_norm(x + self.dropout(h, deterministic=deterministic))
-    h = self.encoder_attn(x, kv=cross_kv, mask=cross_mask, deterministic=deterministic)
-    x = self.encoder_attn_layer_norm(x + self.dropout(h, deterministic=deterministic))
-    h = self.mlp(x, deterministic)
-    x = self.final_layer_norm(x + self.dropout(h, deterministic=deterministic))
+    x = _residual(pre, x, h, self.self_attn_layer_norm, drop, deterministic)
+    h = self.encoder_attn(_sublayer_input(pre, x, self.encoder_attn_layer_norm), kv=cross_kv,
+                          mask=cross_mask, deterministic=deterministic)
+    x = _residual(pre, x, h, self.encoder_attn_layer_norm, drop, deterministic)
+    h = self.mlp(_sublayer_input(pre, x, self.final_layer_norm), deterministic)
+    x = _residual(pre, x, h, self.final_layer_norm, drop, deterministic)
     return layers.constrain(x, ("batch", "length", "embed")), cache
 
 
@@ -286,6 +315,12 @@ class _Stack(nnx.Module):
     self.layers = nnx.List([layer_cls(config, dtype=dtype, rngs=rngs)
                             for _ in range(num_layers)])
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    # Pre-LN's stream is never normalised inside the layers: one LayerNorm at the end.
+    self.layer_norm = (layers.LayerNorm(config.d_model, dtype=dtype, rngs=rngs)
+                       if config.normalize_before else None)
+
+  def finish(self, x: jax.Array) -> jax.Array:
+    return x if self.layer_norm is None else self.layer_norm(x)
 
   def embed(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
     x = tokens + self.embed_positions(positions + POSITION_OFFSET)
@@ -328,7 +363,7 @@ class Bart(nnx.Module):
     mask = layers.padding_mask(attention_mask)
     for layer in self.encoder.layers:
       x = layer(x, mask, deterministic)
-    return x
+    return self.encoder.finish(x)
 
   def lm_logits(self, hidden: jax.Array) -> jax.Array:
     """Float32 logits [..., V] of decoder states (tied head plus final_logits_bias)."""
@@ -397,7 +432,7 @@ class Bart(nnx.Module):
                        cache=None if cache is None else cache.layers[i], index=index,
                        deterministic=deterministic)
       new_layers.append(entry)
-    logits = self.lm_logits(x)
+    logits = self.lm_logits(self.decoder.finish(x))
     if cache is None:
       return logits
     return logits, DecoderCache(index=cache.index + length, layers=tuple(new_layers))

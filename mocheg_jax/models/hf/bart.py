@@ -68,6 +68,9 @@ def rules(config: bart.BartConfig) -> list[Rule]:
     table += _layer_norm(f"{ours}.{name}_layer_norm", f"{hf}.{name}_layer_norm")
   table += _feed_forward(ours, hf)
   table += _layer_norm(f"{ours}.final_layer_norm", f"{hf}.final_layer_norm")
+  if config.normalize_before:  # The pre-LN stacks' last LayerNorm, as mBART names it.
+    for side in ("encoder", "decoder"):
+      table += _layer_norm(f"{side}.layer_norm", f"model.{side}.layer_norm")
   return convert.expand(table, {"e": config.encoder_layers, "d": config.decoder_layers})
 
 
