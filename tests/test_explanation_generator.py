@@ -444,12 +444,17 @@ def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
   assert len(traces) == 1  # The jitted step was traced once for steps 0..3.
   records = [r for r in read_metrics(tmp_path / "w") if "loss" in r]
   assert [r["sc_weight"] for r in records] == [0.0, 0.0, 0.5, 0.5]
+  copy_weight = config.explain.reconstruction_weight  # The tiny config's copying term.
+  assert copy_weight > 0
   for r in records[:2]:
-    assert r["loss"] == r["nll"] and r["sample_tokens"] == 0
+    assert r["sample_tokens"] == 0
+    np.testing.assert_allclose(r["loss"], r["nll"] + copy_weight * r["reconstruction_nll"],
+                               rtol=1e-5)
   for r in records[2:]:
     assert 0 < r["sample_tokens"] <= 11
     assert -1 <= r["reward"] <= 1 and -1 <= r["baseline"] <= 1 and r["baseline"] != 0
-    np.testing.assert_allclose(r["loss"], r["nll"] + 0.5 * r["pg_loss"], rtol=1e-4)
+    np.testing.assert_allclose(r["loss"], r["nll"] + copy_weight * r["reconstruction_nll"]
+                               + 0.5 * r["pg_loss"], rtol=1e-4)
   for name in ("dev/rouge1", "dev/rougeL", "dev/classifier_agreement"):
     assert 0 <= result.metrics[name] <= 1
   assert 0 < result.metrics["dev/generated_tokens"] <= 11
