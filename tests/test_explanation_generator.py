@@ -455,7 +455,8 @@ def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
     assert -1 <= r["reward"] <= 1 and -1 <= r["baseline"] <= 1 and r["baseline"] != 0
     np.testing.assert_allclose(r["loss"], r["nll"] + copy_weight * r["reconstruction_nll"]
                                + 0.5 * r["pg_loss"], rtol=1e-4)
-  for name in ("dev/rouge1", "dev/rougeL", "dev/classifier_agreement"):
+  for name in ("dev/rouge1", "dev/rougeL", "dev/classifier_agreement",
+               "dev/distinct_outputs"):
     assert 0 <= result.metrics[name] <= 1
   assert 0 < result.metrics["dev/generated_tokens"] <= 11
   model = load_trained(str(tmp_path / "w")).model

@@ -5,6 +5,7 @@ BERTScore included, runs in tests/test_workflow.py)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 
@@ -93,6 +94,10 @@ def test_table5_rows_and_files(stage_run):
     if r["label"] == "-":
       continue
     assert 0 <= r["classifier_agreement"] <= 1 and 0 <= r["classifier_agreement_gold"] <= 1
+    texts = list(csv.DictReader(open(
+        workdir / stage.EXPLANATIONS_DIR / f"{stage.GENERATORS[r['system']][0]}-"
+        f"{r['evidence']}_evidence-{r['label']}_labels.csv")))
+    assert r["distinct_texts"] == len({t["explanation"] for t in texts}) >= 1
     if r["label"] == "system":  # The first claim has no system label: skipped, counted.
       assert r["inputs/missing_label"] == 1 and r["inputs/claims"] == len(claims) - 1
       missing = 0 if claims[0].explanation.strip() else 1
@@ -111,6 +116,7 @@ def test_table5_rows_and_files(stage_run):
   markdown = open(workdir / table5.TABLE_MD).read()
   assert "| BART + REINFORCE | system | system |" in markdown
   assert "Classifier agreement on generated explanations" in markdown
+  assert "distinct texts)" in markdown
   assert "Truthfulness classifier on the test split" in markdown
   assert "Table 5 (test split" in text and "Table 5 without BERTScore" in text
   # The generated texts are kept, one file per generator and setting.

@@ -321,6 +321,9 @@ def _dev_evaluator(explainer: Explainer, claims: Sequence[Claim],
     texts, ids, mask = explainer.generate(model, claims)
     yield from rouge_scores(texts, references).items()
     yield "generated_tokens", float(mask.sum(-1).mean())
+    # The share of distinct texts: near 1/N when the generator ignores its source (a
+    # from-scratch post-LN BART wrote one text for every claim while its ROUGE looked fine).
+    yield "distinct_outputs", len(set(texts)) / max(len(texts), 1)
     if reward_model is not None:
       agree = _agreement(reward_model, jnp.asarray(ids), jnp.asarray(mask),
                          jnp.asarray(labels))

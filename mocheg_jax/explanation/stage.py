@@ -191,7 +191,8 @@ def format_agreement(rows: Sequence[dict], classifier: dict) -> str:
     if "classifier_agreement" in r:
       lines.append(f"- {r['system']}, evidence {r['evidence']}, label {r['label']}: "
                    f"{_pct(r['classifier_agreement'])} / "
-                   f"{_pct(r['classifier_agreement_gold'])}")
+                   f"{_pct(r['classifier_agreement_gold'])} "
+                   f"({r['distinct_texts']} distinct texts)")
   return "\n".join(lines)
 
 
@@ -262,7 +263,8 @@ def run(workdir: str, scale: str, seed: int = 0,
       row = table5.score_row(system, e, l, dict(zip(ids, texts)), references,
                              bert_encoder=embed)
       probabilities = classifier.predict(texts)
-      row.update(classifier_agreement=agreement(probabilities, x.intended_labels),
+      row.update(distinct_texts=len(set(texts)),  # 1 when the source is ignored.
+                 classifier_agreement=agreement(probabilities, x.intended_labels),
                  classifier_agreement_gold=agreement(probabilities, x.gold_labels),
                  truncated_sources=inputs_lib.count_truncated(
                      tokenizer, x.claims, trained.config.explain.max_source_len),
