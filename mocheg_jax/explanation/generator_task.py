@@ -62,17 +62,14 @@ def explain_config() -> ml_collections.ConfigDict:
   e.heads = 4
   e.ffn = 128
   e.dropout = 0.1
-  # Pre-LN layers (bart.BartConfig.normalize_before): a post-LN BART trained from scratch
-  # learnt to ignore its source on the small world (its encoder output collapsed).
-  e.normalize_before = False
+  e.normalize_before = False  # Pre-LN layers: for training from scratch (configs/explain.py).
   e.max_positions = 512
   # Inputs.
   e.max_source_len = 512
   e.max_target_len = 400
   e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
-  # Weight of the auxiliary source-copying NLL (reinforce.source_reconstruction_nll): a
-  # randomly initialised generator otherwise learns to ignore its source. 0 for a
-  # pretrained BART (the paper's setting).
+  # Weight of the auxiliary source-copying NLL (reinforce.source_reconstruction_nll, for
+  # training from scratch); 0 for a pretrained BART (the paper's setting).
   e.reconstruction_weight = 0.0
   # The reward (reinforce.ReinforceSettings).
   e.classifier = ""  # A truthfulness classifier's training workdir; "": NLL only.

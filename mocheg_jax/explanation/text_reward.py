@@ -41,7 +41,7 @@ def retokenizer(generator_tokenizer, classifier: TrainedClassifier, length: int)
     texts = generator_tokenizer.batch_decode([row[keep] for row, keep in zip(ids, mask)],
                                              skip_special_tokens=True)
     new_ids, new_mask, _ = classifier.inference.encode(texts, length)
-    return new_ids.astype(np.int32), new_mask.astype(np.int32)
+    return new_ids, new_mask  # int32 [B, length], as the callback declares.
 
   return retokenize
 

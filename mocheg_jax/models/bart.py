@@ -63,8 +63,8 @@ class BartConfig:
   activation_dropout: float = 0.0
   init_std: float = 0.02
   # Pre-LN layers plus a final LayerNorm per side (mBART's layout; fairseq's
-  # normalize_before + add_final_layer_norm). Not in facebook/bart-*: for randomly initialised
-  # generators only (the post-LN stack trained from scratch collapsed, see reinforce.py).
+  # normalize_before + add_final_layer_norm). Not in facebook/bart-*: for generators trained
+  # from scratch (why: reinforce.source_reconstruction_nll).
   normalize_before: bool = False
   pad_token_id: int = 1
   bos_token_id: int = 0
