@@ -1,9 +1,10 @@
 """The main job: synthetic world -> statistics -> tokenizers -> TFDS -> a batch per task ->
 retrieval (train, index, search, Table 3) -> verification (train per evidence mode, Table 4)
--> explanation (truthfulness classifier, generators with and without the reward, Table 5).
+-> explanation (truthfulness classifier, generators with and without the reward, Table 5)
+-> the pipeline manifest (WORKDIR is then a pipeline folder for scripts/fact_check.py) ->
+a few test claims fact-checked end to end.
 
-Later stages (report) extend `run`; each step reuses what an earlier run of the same workdir
-already finished.
+Each step reuses what an earlier run of the same workdir already finished.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from mocheg_jax.data import prepare as prepare_lib
 from mocheg_jax.data import stats as stats_lib
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
 from mocheg_jax.explanation import stage as explanation_stage
+from mocheg_jax.pipeline import fact_checker
+from mocheg_jax.pipeline import manifest as manifest_lib
+from mocheg_jax.pipeline import report as report_lib
 from mocheg_jax.retrieval import stage as retrieval_stage
 from mocheg_jax.verification import stage as verification_stage
 
@@ -31,10 +35,28 @@ DEMO_SHAPES = {
                          max_images=2, image_size=64),
     "explanation": dict(max_source_len=128, max_target_len=96),
 }
+SAMPLE_CLAIMS = 3  # Test claims the main job fact-checks at the end.
 
 
 def _describe(batch: dict[str, np.ndarray]) -> str:
   return ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in sorted(batch.items()))
+
+
+def _sample_checks(workdir: str, release: MochegRelease, log: Callable[[str], None]
+                   ) -> list[dict]:
+  """The pipeline folder at work: a few test claims fact-checked, their JSON printed (what
+  scripts/fact_check.py prints)."""
+  claims = [c.claim for c in release.claims("test")[:SAMPLE_CLAIMS]]
+  checker = fact_checker.FactChecker.load(workdir)
+  try:
+    results = [r.to_json() for r in checker.check_many(claims)]
+  finally:
+    checker.close()
+  log(f"\nfact-checked {len(results)} test claims with the pipeline in {workdir} "
+      f"(scripts/fact_check.py --pipeline={workdir} --claim=...):")
+  for result in results:
+    log(json.dumps(result, ensure_ascii=False))
+  return results
 
 
 def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = print) -> dict:
@@ -75,8 +97,14 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
       workdir, scale, seed, log))["rows"]
   summary["verification"] = timed("verification", lambda: verification_stage.run(
       workdir, scale, seed, log))["rows"]
-  summary["explanation"] = timed("explanation", lambda: explanation_stage.run(
-      workdir, scale, seed, log))["rows"]
+  explanation = timed("explanation", lambda: explanation_stage.run(workdir, scale, seed, log))
+  summary["explanation"] = explanation["rows"]
+  summary["explanation_classifier"] = explanation["classifier"]
+  manifest_lib.write_manifest(workdir, scale=scale, seed=seed)
+  summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
+      workdir, release, log))
+  report = report_lib.write_report(workdir, summary, log=log)
+  log(f"report: {os.path.join(workdir, 'report.md')} ({len(report['plots'])} plots)")
 
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2, default=list)

@@ -110,3 +110,96 @@ def test_search_and_index_scripts(main_job, tmp_path):
   _fails_with(_script("search.py", f"--index={index / 'text'}", text, f"--release={other}",
                       f"--run={run}"),
               "the index does not match the text KB of")
+
+
+def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
+  """The pipeline folder checks the test claims exactly as the stages scored them: the
+  reranked text run, the image run, the system labels (text+image verifier on system
+  evidence) and the NLL generator's explanations with system evidence and labels."""
+  import csv
+
+  from mocheg_jax.data.mocheg import MochegRelease
+  from mocheg_jax.pipeline.fact_checker import FactChecker
+  from mocheg_jax.verification.predictions import read_predictions
+
+  workdir, summary, text = main_job
+  assert len(summary["fact_checks"]) == workflow.SAMPLE_CLAIMS
+  assert '"explanation": ' in text  # The sample checks' JSON is printed.
+  claims = MochegRelease(workdir / "release").claims("test")
+  checker = FactChecker.load(str(workdir))
+  try:
+    results = checker.check_many([c.claim for c in claims])
+    with_image = checker.check(claims[0].claim, image=str(
+        workdir / "release" / "images" / sorted(os.listdir(workdir / "release" / "images"))[0]))
+  finally:
+    checker.close()
+  text_run = trec.read_run(workdir / "runs" / "text.run")
+  image_run = trec.read_run(workdir / "runs" / "image.run")
+  labels = read_predictions(workdir / "runs" / "verify_results.csv")
+  with open(workdir / "runs" / "explanations" /
+            "explain_nll-system_evidence-system_labels.csv") as f:
+    explanations = {int(r["claim_id"]): r["explanation"] for r in csv.DictReader(f)}
+  for claim, result in zip(claims, results, strict=True):
+    key = str(claim.claim_id)
+    assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in result.text_evidence] == \
+        text_run[key]
+    assert [e.file for e in result.image_evidence] == [d for d, _ in image_run[key]]
+    expected = labels[claim.claim_id]
+    assert result.label == ("refuted", "supported", "NEI")[expected.label]
+    assert list(result.probabilities.values()) == pytest.approx(expected.probabilities,
+                                                                abs=1e-5)
+    assert result.explanation == explanations[claim.claim_id]
+  assert results[0].to_json() == summary["fact_checks"][0]
+  # A claim's own image comes first among its image evidence, scored by the same CLIP.
+  assert with_image.image_evidence[0].file.startswith(str(workdir))
+  assert [e.file for e in with_image.image_evidence[1:]] == \
+      [e.file for e in results[0].image_evidence]
+  assert -1.0 <= with_image.image_evidence[0].score <= 1.0
+
+
+def test_fact_check_script(main_job, tmp_path):
+  workdir, _, _ = main_job
+  pipeline = f"--pipeline={workdir}"
+  image = workdir / "release" / "images" / sorted(os.listdir(workdir / "release" / "images"))[0]
+  requests = tmp_path / "claims.jsonl"
+  requests.write_text(json.dumps({"claim": "Port Varn mainly exports tin."}) + "\n" +
+                      json.dumps({"claim": "The flag of Varn is red.", "image": str(image)})
+                      + "\n")
+  out = tmp_path / "out.jsonl"
+  proc = _script("fact_check.py", pipeline, f"--input={requests}", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout == ""  # Logs go to stderr; the results to the file.
+  results = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["claim"] for r in results] == ["Port Varn mainly exports tin.",
+                                           "The flag of Varn is red."]
+  for r in results:
+    assert set(r) == {"claim", "text_evidence", "image_evidence", "label", "probabilities",
+                      "explanation"}
+    assert r["label"] in ("refuted", "supported", "NEI")
+    assert sum(r["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert all(set(e) == {"id", "text", "score"} for e in r["text_evidence"])
+  assert results[1]["image_evidence"][0]["file"] == str(image)
+
+  # Bad input: nothing on stdout, no output file, one error line naming the culprit.
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"claim": "fine"}) + "\n" + json.dumps({"claim": "  "}) + "\n")
+  out.unlink()
+  proc = _script("fact_check.py", pipeline, f"--input={bad}", f"--output={out}")
+  _fails_with(proc, f"{bad}:2: empty")
+  assert proc.stdout == "" and not out.exists()
+  not_image = tmp_path / "photo.png"
+  not_image.write_text("not a picture")
+  proc = _script("fact_check.py", pipeline, "--claim=The flag of Varn is red.",
+                 f"--image={not_image}")
+  _fails_with(proc, f"cannot read image {str(not_image)!r}: not an image format")
+  assert proc.stdout == ""
+  broken = tmp_path / "pipeline"
+  broken.mkdir()
+  manifest = json.loads((workdir / "manifest.json").read_text())
+  for part in ("release", "index", "stages"):
+    (broken / part).symlink_to(workdir / part)
+  manifest["stages"]["verifier"] = "stages/verify_missing"
+  (broken / "manifest.json").write_text(json.dumps(manifest))
+  proc = _script("fact_check.py", f"--pipeline={broken}", "--claim=The flag of Varn is red.")
+  _fails_with(proc, "stage 'verifier' ")
+  assert proc.stdout == ""

@@ -291,7 +291,10 @@ def read_image(path: str | os.PathLike, size: int, *, where: str = "") -> np.nda
       data = f.read()
     return decode_image(data, size)
   except _IMAGE_ERRORS as e:
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    if isinstance(e, Image.UnidentifiedImageError):  # Its text names a BytesIO object.
+      reason = "not an image format Pillow can decode"
+    else:
+      reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
     raise MochegInputError(f"{prefix}cannot read image {os.fspath(path)!r}: {reason}") from e
 
 

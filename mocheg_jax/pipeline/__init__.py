@@ -1,0 +1,1 @@
+"""The fact-checking pipeline as a library: its manifest, the fact-checker, the report."""

@@ -1,0 +1,140 @@
+"""A pipeline folder's manifest: which trained stages and indexes make the fact-checker.
+
+The main job writes `PIPELINE_DIR/manifest.json` once every stage has finished; the
+fact-checker (`pipeline.fact_checker`) reads it. Paths in it are relative to the folder.
+Reading checks every named stage is a finished training run and every index exists, so a
+folder missing a stage fails at load time with the stage's name and path, not midway
+through checking a claim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.retrieval import index as index_lib
+from mocheg_jax.train.loop import CHECKPOINT_DIR
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+# The stages the fact-checker runs, in order, and the main job's folder of each.
+# The generator is the NLL one: on the small world the REINFORCE generator wrote 9-14
+# distinct texts for 235 claims (mode collapse, README Table 5) against the NLL one's 69.
+STAGES = {
+    "text_retriever": "stages/retrieval_text",
+    "reranker": "stages/rerank",
+    "image_retriever": "stages/retrieval_image",
+    "verifier": "stages/verify_text_image",
+    "generator": "stages/explain_nll",
+}
+INDEXES = {"text": "index/text", "image": "index/image"}
+RELEASE = "release"  # The KB's sentence texts and image files.
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How much evidence each step keeps (the main job's system settings)."""
+  text_candidates: int = 100  # Bi-encoder hits the cross-encoder reorders.
+  text_top_k: int = 10  # Reranked sentences reported per claim.
+  image_top_k: int = 10  # KB images reported per claim.
+  verifier_texts: int = 5  # Of those, what the verifier reads (verification's system
+  verifier_images: int = 5  # evidence: evidence.system_evidence's defaults).
+  generator_texts: int = 5  # Sentences the generator reads (explanation.inputs.TOP_TEXT).
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      if getattr(self, field.name) < 1:
+        raise ValueError(f"Settings.{field.name} must be >= 1, got "
+                         f"{getattr(self, field.name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+  """A pipeline folder's parts as absolute paths (`read_manifest`)."""
+  root: str
+  release: str
+  stages: dict[str, str]
+  indexes: dict[str, str]
+  settings: Settings
+  scale: str = ""
+  seed: int = 0
+
+
+def write_manifest(pipeline_dir: str, *, scale: str, seed: int,
+                   settings: Settings = Settings()) -> str:
+  """Writes the main job's manifest (atomically) and returns its path; every part must
+  exist already (checked by reading it back)."""
+  data = {"format": FORMAT, "scale": scale, "seed": seed, "release": RELEASE,
+          "stages": dict(STAGES), "indexes": dict(INDEXES),
+          "settings": dataclasses.asdict(settings)}
+  path = os.path.join(pipeline_dir, MANIFEST)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(data, f, indent=2)
+  os.replace(tmp, path)
+  read_manifest(pipeline_dir)
+  return path
+
+
+def _relative_paths(data: dict, key: str, names: dict, path: str) -> dict[str, str]:
+  section = data.get(key)
+  if not isinstance(section, dict):
+    raise MochegInputError(f"{path}: {key!r} must be an object naming {sorted(names)}")
+  missing = sorted(set(names) - set(section))
+  if missing:
+    raise MochegInputError(f"{path}: {key} lacks {missing} (a pipeline needs {sorted(names)})")
+  for name, value in section.items():
+    if not isinstance(value, str) or not value:
+      raise MochegInputError(f"{path}: {key}.{name} must be a folder path, got {value!r}")
+  return {name: section[name] for name in names}
+
+
+def read_manifest(pipeline_dir: str) -> Manifest:
+  """The manifest of `pipeline_dir`, every part checked to be there.
+
+  Raises:
+    MochegInputError: no folder or manifest, malformed JSON, an unknown format, a stage
+      that is not a finished training run, a missing index or release (each named).
+  """
+  root = os.path.abspath(pipeline_dir)
+  if not os.path.isdir(root):
+    raise MochegInputError(f"{pipeline_dir}: no such pipeline folder")
+  path = os.path.join(root, MANIFEST)
+  if not os.path.isfile(path):
+    raise MochegInputError(f"{path}: missing; a pipeline folder is what "
+                           "scripts/run_pipeline.py writes (its --workdir) once every stage "
+                           "has finished")
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise MochegInputError(f"{path}: unreadable manifest ({e})") from None
+  if not isinstance(data, dict) or data.get("format") != FORMAT:
+    raise MochegInputError(f"{path}: not a format-{FORMAT} pipeline manifest")
+  stages = _relative_paths(data, "stages", STAGES, path)
+  indexes = _relative_paths(data, "indexes", INDEXES, path)
+  try:
+    settings = Settings(**data.get("settings", {}))
+  except (TypeError, ValueError) as e:
+    raise MochegInputError(f"{path}: bad settings ({e})") from None
+
+  def checked(kind: str, name: str, relative: str, marker: str, what: str) -> str:
+    where = os.path.join(root, relative)
+    if not os.path.exists(os.path.join(where, marker)):
+      raise MochegInputError(f"{path}: {kind} {name!r} ({where}) is missing or unfinished "
+                             f"(no {marker}: {what})")
+    return where
+
+  release = data.get("release")
+  if not isinstance(release, str) or not os.path.isdir(os.path.join(root, release)):
+    raise MochegInputError(f"{path}: the release folder {release!r} is missing")
+  return Manifest(
+      root=root, release=os.path.join(root, release),
+      stages={n: checked("stage", n, r, CHECKPOINT_DIR, "not a training run")
+              for n, r in stages.items()},
+      indexes={n: checked("index", n, r, index_lib.MANIFEST_FILE, "not a finished index")
+               for n, r in indexes.items()},
+      settings=settings, scale=str(data.get("scale", "")), seed=int(data.get("seed", 0)))

@@ -1,0 +1,68 @@
+"""The pipeline manifest: written by the main job, every part checked when read."""
+
+import json
+
+import pytest
+
+from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.pipeline import manifest as manifest_lib
+from mocheg_jax.retrieval.index import MANIFEST_FILE
+from mocheg_jax.train.loop import CHECKPOINT_DIR
+
+
+def _pipeline_folder(root):
+  """The folders a finished main job leaves (only the markers the manifest checks)."""
+  (root / manifest_lib.RELEASE).mkdir(parents=True)
+  for stage in manifest_lib.STAGES.values():
+    (root / stage / CHECKPOINT_DIR).mkdir(parents=True)
+  for index in manifest_lib.INDEXES.values():
+    (root / index).mkdir(parents=True)
+    (root / index / MANIFEST_FILE).write_text("{}")
+  return root
+
+
+def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
+  root = _pipeline_folder(tmp_path / "run")
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=3,
+                              settings=manifest_lib.Settings(text_top_k=7))
+  read = manifest_lib.read_manifest(str(root))
+  assert read.stages["verifier"] == str(root / "stages" / "verify_text_image")
+  assert read.indexes["image"] == str(root / "index" / "image")
+  assert read.release == str(root / "release")
+  assert (read.scale, read.seed, read.settings.text_top_k) == ("tiny", 3, 7)
+  assert not (root / "manifest.json.tmp").exists()
+
+
+def test_missing_parts_are_named(tmp_path):
+  with pytest.raises(MochegInputError, match="no such pipeline folder"):
+    manifest_lib.read_manifest(str(tmp_path / "nowhere"))
+  root = _pipeline_folder(tmp_path / "run")
+  with pytest.raises(MochegInputError, match="manifest.json: missing"):
+    manifest_lib.read_manifest(str(root))
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=0)
+  (root / "stages" / "rerank" / CHECKPOINT_DIR).rmdir()
+  with pytest.raises(MochegInputError, match=r"stage 'reranker' \(.*rerank\) is missing or "
+                     r"unfinished \(no checkpoints: not a training run\)"):
+    manifest_lib.read_manifest(str(root))
+  (root / "stages" / "rerank" / CHECKPOINT_DIR).mkdir()
+  (root / "index" / "image" / MANIFEST_FILE).unlink()
+  with pytest.raises(MochegInputError, match="index 'image' .* not a finished index"):
+    manifest_lib.read_manifest(str(root))
+
+
+def test_malformed_manifests_are_refused(tmp_path):
+  root = _pipeline_folder(tmp_path / "run")
+  path = root / "manifest.json"
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=0)
+  good = json.loads(path.read_text())
+  path.write_text("{not json")
+  with pytest.raises(MochegInputError, match="unreadable manifest"):
+    manifest_lib.read_manifest(str(root))
+  for change, message in ((dict(format=99), "not a format-1 pipeline manifest"),
+                          (dict(stages={"verifier": "x"}), r"stages lacks \['generator'"),
+                          (dict(settings={"text_top_k": 0}), "text_top_k must be >= 1"),
+                          (dict(settings={"top": 1}), "bad settings"),
+                          (dict(release="gone"), "the release folder 'gone' is missing")):
+    path.write_text(json.dumps({**good, **change}))
+    with pytest.raises(MochegInputError, match=message):
+      manifest_lib.read_manifest(str(root))
