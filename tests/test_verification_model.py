@@ -339,6 +339,55 @@ def test_no_evidence_at_all_is_finite_with_finite_gradients():
   assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves)
 
 
+@pytest.mark.parametrize("read", ["pairs", "match"])
+def test_image_reads_shapes_masks_and_gradients(read):
+  """The non-reference image reads: [B, 3] logits; padded items, tokens and masked patches
+  change nothing; a claim with no image gets no image stance; gradients are finite, also
+  with all-zero padding patches (a norm's gradient at 0 would be 0/0)."""
+  model = build(12, image_read=read, pair_dim=8, match_heads=3)
+  assert model.image_attention is None
+  claims = make_claims(12)
+  batch = make_batch(claims, seed=1)
+  tight = run(model, batch)
+  assert tight.shape == (len(CLAIMS), 3) and np.isfinite(tight).all()
+  padded = make_batch(claims, items=(5, 6), tokens=14, seed=2)
+  np.testing.assert_allclose(run(model, padded), tight, atol=2e-5, rtol=1e-5)
+  # Claim 1 has no image: only its text counts (classifier_single of the text stance), so
+  # garbage in its image slots or another claim's image changes nothing.
+  other = {**batch, "image": batch["image"].at[1].set(batch["image"][0])}
+  np.testing.assert_allclose(run(model, other)[1], tight[1], atol=1e-6)
+  text_only = build(12, use_image=False)
+  nnx.update(text_only, {k: v for k, v in nnx.state(model, nnx.Param).items()
+                         if k in ("text_log_scale", "text_attention", "fuse")})
+  nnx.update(text_only.classifier, nnx.state(model.classifier_single, nnx.Param))
+  np.testing.assert_allclose(run(text_only, {k: v for k, v in batch.items()
+                                              if not k.startswith("image")})[1],
+                             tight[1], atol=1e-5)
+  # Masked patches are ignored: garbage there changes nothing, unmasking it does.
+  patch_mask = jnp.broadcast_to(batch["image_mask"][..., None], batch["image"].shape[:3])
+  masked = {**batch, "image_mask": patch_mask & (jnp.arange(SMALL_PATCHES) < 5)}
+  garbage = {**masked, "image": masked["image"].at[:, :, 5:].set(100.0)}
+  np.testing.assert_allclose(run(model, garbage), run(model, masked), atol=2e-5, rtol=1e-5)
+  assert np.abs(run(model, masked) - tight).max() > 1e-4
+  # The image read matters: other patches, other logits for the claims with images.
+  moved = run(model, {**batch, "image": batch["image"][:, :, ::-1] * 2.0 + 1.0})
+  assert np.abs(moved - tight)[[0, 2, 3]].max() > 1e-4
+  zero_pad = {**padded, "image": jnp.where(padded["image_mask"][..., None, None],
+                                           padded["image"], 0.0)}
+
+  def loss(m):
+    return weighted_cross_entropy(m(**zero_pad), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  grads = nnx.jit(nnx.grad(loss))(model)
+  leaves = jax.tree.leaves(grads)
+  assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves)
+  grad_params = nnx.state(grads, nnx.Param)
+  prefix = "pair_" if read == "pairs" else "match_"
+  assert any(np.abs(np.asarray(g)).max() > 0 for k, v in grad_params.items()
+             if k.startswith(prefix) for g in jax.tree.leaves(v))
+
+
 def test_dropout_is_active_only_when_not_deterministic():
   model = StanceDetector(StanceConfig(**SMALL, dropout=0.5, attention_dropout=0.2),
                          rngs=nnx.Rngs(params=0, dropout=1))
@@ -384,6 +433,8 @@ def test_bad_shapes_are_clear_errors():
     StanceConfig(missing_modality="drop")
   with pytest.raises(ValueError, match="text_attention"):
     StanceConfig(text_attention="dot")
+  with pytest.raises(ValueError, match="image_read"):
+    StanceConfig(image_read="bilinear")
 
 
 # ---- loss -----------------------------------------------------------------------------------

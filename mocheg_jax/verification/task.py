@@ -72,6 +72,10 @@ def verify_config() -> ml_collections.ConfigDict:
   v.hidden = 512  # Fusion output (the stance vector), as the reference.
   v.heads = 1
   v.text_attention = "learned"  # or "cosine" (stance.StanceConfig.text_attention).
+  # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
+  v.image_read = "attention"
+  v.pair_dim = 64
+  v.match_heads = 8
   v.dropout = 0.0
   v.missing_modality = "reference"  # or "zeros" (see stance.py).
   # Beyond the paper: the CLIP's last k vision blocks train with the stance model (the store
@@ -209,7 +213,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              hidden=v.hidden, heads=v.heads, dropout=v.dropout,
                              use_text=v.use_text, use_image=v.use_image,
                              missing_modality=v.missing_modality,
-                             text_attention=v.text_attention)
+                             text_attention=v.text_attention, image_read=v.image_read,
+                             pair_dim=v.pair_dim, match_heads=v.match_heads)
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
