@@ -339,12 +339,14 @@ def test_no_evidence_at_all_is_finite_with_finite_gradients():
   assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves)
 
 
-@pytest.mark.parametrize("read", ["pairs", "match"])
-def test_image_reads_shapes_masks_and_gradients(read):
+@pytest.mark.parametrize("read,pool", [("pairs", "patches"), ("match", "patches"),
+                                       ("match", "image"), ("match", "flat")])
+def test_image_reads_shapes_masks_and_gradients(read, pool):
   """The non-reference image reads: [B, 3] logits; padded items, tokens and masked patches
   change nothing; a claim with no image gets no image stance; gradients are finite, also
   with all-zero padding patches (a norm's gradient at 0 would be 0/0)."""
-  model = build(12, image_read=read, pair_dim=8, match_heads=3)
+  model = build(12, image_read=read, match_pool=pool, pair_dim=8, match_heads=3,
+                patches=SMALL_PATCHES)
   assert model.image_attention is None
   claims = make_claims(12)
   batch = make_batch(claims, seed=1)
@@ -382,10 +384,22 @@ def test_image_reads_shapes_masks_and_gradients(read):
   grads = nnx.jit(nnx.grad(loss))(model)
   leaves = jax.tree.leaves(grads)
   assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves)
-  grad_params = nnx.state(grads, nnx.Param)
-  prefix = "pair_" if read == "pairs" else "match_"
-  assert any(np.abs(np.asarray(g)).max() > 0 for k, v in grad_params.items()
-             if k.startswith(prefix) for g in jax.tree.leaves(v))
+  read_grads = jax.tree.leaves(nnx.state(grads, nnx.Param)["image_read"])
+  assert read_grads and all(np.abs(np.asarray(g)).max() > 0 for g in read_grads)
+
+
+def test_task_builds_the_configured_image_read_with_the_store_patch_count():
+  from mocheg_jax.verification import image_reads
+  from mocheg_jax.verification import task as verify_task
+  v = verify_task.verify_config()
+  assert v.image_read == "attention"  # The reference stays the default.
+  manifest = features.StoreManifest(fingerprint={}, dtype="float32", max_text_len=8,
+                                    text_dim=SMALL["text_dim"], image_dim=SMALL["image_dim"],
+                                    patches=SMALL_PATCHES)
+  v.image_read, v.match_pool = "match", "flat"
+  model = verify_task.build_model(v, manifest, 0)
+  assert isinstance(model.image_read, image_reads.MatchRead)
+  assert model.image_read.patch.kernel.shape[:2] == (SMALL_PATCHES, SMALL["image_dim"])
 
 
 def test_dropout_is_active_only_when_not_deterministic():
@@ -435,6 +449,10 @@ def test_bad_shapes_are_clear_errors():
     StanceConfig(text_attention="dot")
   with pytest.raises(ValueError, match="image_read"):
     StanceConfig(image_read="bilinear")
+  with pytest.raises(ValueError, match="match_pool"):
+    StanceConfig(image_read="match", match_pool="mean")
+  with pytest.raises(ValueError, match="needs StanceConfig.patches"):
+    StanceConfig(image_read="match", match_pool="flat")
 
 
 # ---- loss -----------------------------------------------------------------------------------

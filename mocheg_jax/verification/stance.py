@@ -75,6 +75,7 @@ from flax import nnx
 
 from mocheg_jax.models import layers
 from mocheg_jax.retrieval.contrastive import l2_normalize
+from mocheg_jax.verification import image_reads
 
 Dtype = Any
 
@@ -103,13 +104,13 @@ class StanceConfig:
   # a claim token that the evidence repeats gets m = c exactly; see `_align`.
   text_attention: str = "learned"
   # "attention" (the reference): claim-token queries cross-attend to the patches, then the
-  # shared [m - c; m * c] fusion. "pairs" (beyond the paper): every claim token x patch pair
-  # is compared in a small learned space before any pooling; see `_pair_read`. "match"
-  # (beyond the paper): only cosine match scores of claim tokens and patches reach the
-  # classifier; see `_match_read`.
+  # shared [m - c; m * c] fusion. Beyond the paper (image_reads.py, measured there):
+  # "pairs" (image_reads.PairRead) or "match" (image_reads.MatchRead) instead.
   image_read: str = "attention"
   pair_dim: int = 64  # Width of the "pairs" comparison space; "match": per head.
   match_heads: int = 8
+  match_pool: str = "patches"  # "match" only: "patches", "image" or "flat" (MatchRead).
+  patches: int = 0  # Patches per image; needed by match_pool="flat".
   leaky_relu_slope: float = LEAKY_RELU_SLOPE
 
   def __post_init__(self):
@@ -133,6 +134,11 @@ class StanceConfig:
     if self.image_read not in IMAGE_READ_MODES:
       raise ValueError(f"unknown image_read {self.image_read!r}; expected one of "
                        f"{IMAGE_READ_MODES}")
+    if self.match_pool not in image_reads.MATCH_POOLS:
+      raise ValueError(f"unknown match_pool {self.match_pool!r}; expected one of "
+                       f"{image_reads.MATCH_POOLS}")
+    if self.image_read == "match" and self.match_pool == "flat" and self.patches <= 0:
+      raise ValueError("match_pool='flat' needs StanceConfig.patches")
     for name in ("pair_dim", "match_heads"):
       if getattr(self, name) <= 0:
         raise ValueError(f"StanceConfig.{name} must be positive, got {getattr(self, name)}")
@@ -161,7 +167,8 @@ class StanceDetector(nnx.Module):
   Parameters: `text_attention`, `image_attention` (layers.Attention, query size text_dim,
   key/value size text_dim / image_dim), `fuse` (2 text_dim -> hidden, shared by both
   modalities), `classifier` (num_modalities * hidden -> classes) and, with both modalities
-  and missing_modality="reference", `classifier_single` (hidden -> classes).
+  and missing_modality="reference", `classifier_single` (hidden -> classes). With
+  image_read "pairs" or "match", `image_read` (image_reads.py) replaces `image_attention`.
   """
 
   def __init__(self, config: StanceConfig, *, dtype: Dtype = None, param_dtype=jnp.float32,
@@ -176,35 +183,20 @@ class StanceDetector(nnx.Module):
     # The cosine alignment's temperature, learned in log space (stays positive).
     self.text_log_scale = (nnx.Param(jnp.full((), np.log(COSINE_INITIAL_SCALE), param_dtype))
                            if config.use_text and config.text_attention == "cosine" else None)
-    pairs = config.use_image and config.image_read == "pairs"
     self.image_attention = (layers.Attention(config.text_dim, config.heads,
                                              kv_features=config.image_dim, **attn)
                             if config.use_image and config.image_read == "attention"
                             else None)
-    # "pairs": claim tokens and patches projected to pair_dim, their per-channel products
-    # pooled over patches (max and mean) -> hidden, plus the claim token's own say.
-    self.pair_claim = (layers.Dense(config.text_dim, config.pair_dim, ("embed", "mlp"), **kw)
-                       if pairs else None)
-    self.pair_patch = (layers.Dense(config.image_dim, config.pair_dim, ("embed", "mlp"), **kw)
-                       if pairs else None)
-    self.pair_fuse = (layers.Dense(2 * config.pair_dim, config.hidden, ("embed", "mlp"), **kw)
-                      if pairs else None)
-    self.pair_token = (layers.Dense(config.text_dim, config.hidden, ("embed", "mlp"), **kw)
-                       if pairs else None)
-    # "match": per head, claim tokens and patches projected to pair_dim and compared by
-    # cosine; a per-head softmax over claim tokens picks which tokens to check.
-    match = config.use_image and config.image_read == "match"
-    h, r = config.match_heads, config.pair_dim
-    self.match_claim = (layers.Dense(config.text_dim, (h, r), ("embed", "heads", "kv"), **kw)
-                        if match else None)
-    self.match_patch = (layers.Dense(config.image_dim, (h, r), ("embed", "heads", "kv"), **kw)
-                        if match else None)
-    self.match_gate = (layers.Dense(config.text_dim, h, ("embed", "heads"), **kw)
-                       if match else None)
-    self.match_log_scale = (nnx.Param(jnp.full((), np.log(COSINE_INITIAL_SCALE), param_dtype))
-                            if match else None)
-    self.match_fuse = (layers.Dense((h, 2), config.hidden, (None, None, "mlp"), **kw)
-                       if match else None)
+    read = dict(slope=config.leaky_relu_slope, **kw)
+    # The image read beyond the paper, if any.
+    self.image_read = (
+        image_reads.PairRead(config.text_dim, config.image_dim, config.hidden,
+                             config.pair_dim, **read)
+        if config.use_image and config.image_read == "pairs" else
+        image_reads.MatchRead(config.text_dim, config.image_dim, config.hidden,
+                              config.pair_dim, config.match_heads, config.match_pool,
+                              config.patches, **read)
+        if config.use_image and config.image_read == "match" else None)
     self.fuse = layers.Dense(2 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
                                    ("mlp", "classes"), **kw)
@@ -250,74 +242,21 @@ class StanceDetector(nnx.Module):
     m = jnp.einsum("bnqk,bnkd->bnqd", weights, evidence.astype(jnp.float32))
     return m.astype(self.fuse.dtype or jnp.float32)  # The module's compute dtype.
 
-  def _pair_read(self, claim: jax.Array, evidence: jax.Array, keys: jax.Array) -> jax.Array:
-    """The "pairs" image read: h [B, N, Lc, hidden] before the pooling over claim tokens.
-
-    claim [B, Lc, Dt], evidence [B, N, P, E] patch states, keys [B, N, P] bool.
-    Why: a fact only pictures show sits in a few patches (the ferry's hull), and the learned
-    attention starts uniform, so its read is close to the mean patch, which loses most of
-    it. Here each channel k of u[t, p] = a_k(claim token t) * b_k(patch p) can fire on one
-    patch, and the max over patches keeps that per channel ("some patch matches this
-    token's colour"); the mean keeps extents and counts. The claim token's own projection
-    lets the fusion tell value words from the rest.
-    """
-    a = self.pair_claim(claim)  # [B, Lc, r]
-    b = self.pair_patch(evidence)  # [B, N, P, r]
-    u = a[:, None, :, None, :] * b[:, :, None, :, :].astype(a.dtype)  # [B, N, Lc, P, r]
-    k = keys[:, :, None, :, None]
-    top = jnp.where(k, u, jnp.finfo(u.dtype).min).max(axis=3)
-    mean = (jnp.where(k, u, 0).sum(axis=3)
-            / jnp.maximum(keys.sum(-1), 1)[:, :, None, None].astype(u.dtype))
-    h = self.pair_fuse(jnp.concatenate([top, mean], axis=-1)) + self.pair_token(claim)[:, None]
-    return jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
-
-  def _match_read(self, claim: jax.Array, claim_mask: jax.Array, evidence: jax.Array,
-                  keys: jax.Array) -> jax.Array:
-    """The "match" image read: one vector per item, h [B, N, hidden], already pooled over
-    claim tokens.
-
-    claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, P, E], keys [B, N, P] bool.
-    Why: the reference (and "pairs") let the claim's own tokens reach the classifier, and
-    with a few hundred image-fact claims the model learns them by heart (train accuracy
-    on them 90-100 %, held-out ~50 %). Here the classifier sees only, per head, the best
-    and the mean cosine over patches of the claim tokens the head's gate picks: to fit
-    the labels the projections must line a value word up with the patches that show it.
-    """
-    f32 = jnp.float32
-    # rsqrt(|x|^2 + eps), not x / max(|x|, eps): padding patches are 0 and project to 0
-    # at init, and the norm's gradient there is 0/0.
-    unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-12)
-    a = unit(self.match_claim(claim).astype(f32))  # [B, Lc, H, r]
-    b = unit(self.match_patch(evidence).astype(f32))  # [B, N, P, H, r]
-    scale = jnp.exp(self.match_log_scale[...].astype(f32))
-    sim = scale * jnp.einsum("bthr,bnphr->bnthp", a, b)  # [B, N, Lc, H, P]
-    k = keys[:, :, None, None, :]
-    top = jnp.where(k, sim, -jnp.inf).max(-1)
-    top = jnp.where(keys.any(-1)[:, :, None, None], top, 0.0)
-    mean = jnp.where(k, sim, 0.0).sum(-1) / jnp.maximum(keys.sum(-1), 1)[:, :, None, None]
-    gate = self.match_gate(claim).astype(f32)  # [B, Lc, H]
-    gate = jnp.where(claim_mask[..., None], gate, -1e9)
-    gate = jax.nn.softmax(gate, axis=1)[:, None, :, :, None]  # [B, 1, Lc, H, 1]
-    f = (gate * jnp.stack([top, mean], axis=-1)).sum(2)  # [B, N, H, 2]
-    h = self.match_fuse(f.astype(self.match_fuse.dtype or f32))
-    return jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
-
   def _stance(self, attn: layers.Attention | None, claim: jax.Array, claim_mask: jax.Array,
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
-              deterministic: bool, read: str = "") -> tuple[jax.Array, jax.Array]:
+              deterministic: bool, read: nnx.Module | None = None
+              ) -> tuple[jax.Array, jax.Array]:
     """One modality's stance vector [B, hidden] and whether it has any item [B].
 
     claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
-    bool, present [B, N] bool. attn None: the cosine alignment (text only); read "pairs"
-    or "match": that image read instead of attention + fusion.
+    bool, present [B, N] bool. attn None: the cosine alignment (text only); `read` (an
+    image_reads module): that read instead of attention + fusion.
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
     keys = key_mask | ~present[..., None]
-    if read == "match":
-      h = self._match_read(claim, claim_mask, evidence, keys)  # [B, N, hidden]
-    elif read == "pairs":
-      h = self._pair_read(claim, evidence, keys)
+    if read is not None:
+      h = read(claim, claim_mask, evidence, keys)  # [B, N, hidden], pooled over the claim.
     else:
       if attn is None:
         m = self._align(claim, evidence, keys)
@@ -326,7 +265,6 @@ class StanceDetector(nnx.Module):
       c = claim[:, None].astype(m.dtype)  # [B, 1, Lc, Dt]
       h = self.fuse(jnp.concatenate([m - c, m * c], axis=-1))  # [B, N, Lc, hidden]
       h = jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
-    if read != "match":  # "match" has pooled over claim tokens already.
       # Max over the real claim tokens (the reference fills padding with -10000).
       h = jnp.where(claim_mask[:, None, :, None], h, jnp.finfo(h.dtype).min)
       h = h.max(axis=2)  # [B, N, hidden]
@@ -380,7 +318,7 @@ class StanceDetector(nnx.Module):
       else:
         present, keys = image_mask.any(-1), image_mask
       s, p = self._stance(self.image_attention, claim, claim_mask, image, keys, present,
-                          deterministic, read=cfg.image_read)
+                          deterministic, read=self.image_read)
       stances.append(s)
       presents.append(p)
 

@@ -76,6 +76,7 @@ def verify_config() -> ml_collections.ConfigDict:
   v.image_read = "attention"
   v.pair_dim = 64
   v.match_heads = 8
+  v.match_pool = "patches"  # or "image" or "flat" (stance.StanceConfig.match_pool).
   v.dropout = 0.0
   v.missing_modality = "reference"  # or "zeros" (see stance.py).
   # Beyond the paper: the CLIP's last k vision blocks train with the stance model (the store
@@ -214,7 +215,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              use_text=v.use_text, use_image=v.use_image,
                              missing_modality=v.missing_modality,
                              text_attention=v.text_attention, image_read=v.image_read,
-                             pair_dim=v.pair_dim, match_heads=v.match_heads)
+                             pair_dim=v.pair_dim, match_heads=v.match_heads,
+                             match_pool=v.match_pool, patches=manifest.patches)
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
