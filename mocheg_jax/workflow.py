@@ -20,11 +20,13 @@ from mocheg_jax.data import pipelines
 from mocheg_jax.data import prepare as prepare_lib
 from mocheg_jax.data import stats as stats_lib
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
+from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.explanation import stage as explanation_stage
 from mocheg_jax.pipeline import fact_checker
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.pipeline import report as report_lib
 from mocheg_jax.retrieval import stage as retrieval_stage
+from mocheg_jax.utils import configs
 from mocheg_jax.verification import stage as verification_stage
 
 # Small shapes for the one-batch smoke draw; the stage configs own the real ones.
@@ -59,10 +61,58 @@ def _sample_checks(workdir: str, release: MochegRelease, log: Callable[[str], No
   return results
 
 
-def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = print) -> dict:
-  """Runs the main job into `workdir`; returns the summary also written as summary.json."""
+# Fields a `paper` run cannot default (no hub downloads): the flag of scripts/run_pipeline.py
+# that sets each.
+PAPER_REQUIRED = {("retrieval_image", "model.init"): "--clip",
+                  ("classifier", "classifier.init"): "--bert",
+                  ("explain", "explain.init"): "--bart"}
+
+
+# The stage configs the main job trains with (configs/NAME.py).
+STAGE_CONFIGS = ("retrieval_text", "rerank", "retrieval_image", "verify", "classifier",
+                 "explain")
+
+
+def check_overrides(scale: str, workdir: str, seed: int,
+                    overrides: configs.Overrides | None) -> None:
+  """Fails before any work on an override of an unknown config or field, or when a `paper`
+  stage config lacks a required local folder (smaller scales start from random weights)."""
+  unknown = sorted(set(overrides or {}) - set(STAGE_CONFIGS))
+  if unknown:
+    raise MochegInputError(f"overrides name unknown configs {unknown}; the main job's are "
+                           f"{list(STAGE_CONFIGS)}")
+  built = {name: configs.stage_config(name, scale, workdir, seed, overrides=overrides)
+           for name in STAGE_CONFIGS}
+  if scale != "paper":
+    return
+  missing = [f"{flag} (configs/{name}.py field {key})"
+             for (name, key), flag in PAPER_REQUIRED.items() if not _field(built[name], key)]
+  if missing:
+    raise MochegInputError(f"scale {scale!r} needs local model folders: "
+                           + ", ".join(missing))
+
+
+def _field(config, key: str):
+  for part in key.split("."):
+    config = config[part]
+  return config
+
+
+def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = print, *,
+        release: str = "", overrides: configs.Overrides | None = None) -> dict:
+  """Runs the main job into `workdir`; returns the summary also written as summary.json.
+
+  Args:
+    release: a Mocheg release folder to run on; "" writes the synthetic world of `scale`
+      into WORKDIR/release.
+    overrides: config name -> {dotted key: value}, applied to that stage's
+      configs/NAME.py:SCALE (e.g. the `paper` models' local folders).
+  """
   os.makedirs(workdir, exist_ok=True)
-  summary: dict = {"scale": scale, "seed": seed, "timings_s": {}}
+  check_overrides(scale, workdir, seed, overrides)
+  summary: dict = {"scale": scale, "seed": seed, "timings_s": {},
+                   "release": configs.release_dir(workdir, release)}
+  stage_inputs = dict(release=release, overrides=overrides)
 
   def timed(name: str, fn: Callable[[], object]):
     start = time.perf_counter()
@@ -70,7 +120,8 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
     summary["timings_s"][name] = round(time.perf_counter() - start, 2)
     return out
 
-  data = timed("prepare", lambda: prepare_lib.prepare(workdir, scale=scale, seed=seed, log=log))
+  data = timed("prepare", lambda: prepare_lib.prepare(workdir, release=release or None,
+                                                       scale=scale, seed=seed, log=log))
   release = MochegRelease(data.release)
   per_split = {s: stats_lib.split_stats(release.claims(s)) for s in SPLITS}
   kb = timed("kb_stats", lambda: stats_lib.kb_stats(release))
@@ -94,13 +145,14 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
     summary["batches"][task] = {k: list(v.shape) for k, v in batch.items()}
 
   summary["retrieval"] = timed("retrieval", lambda: retrieval_stage.run(
-      workdir, scale, seed, log))["rows"]
+      workdir, scale, seed, log, **stage_inputs))["rows"]
   summary["verification"] = timed("verification", lambda: verification_stage.run(
-      workdir, scale, seed, log))["rows"]
-  explanation = timed("explanation", lambda: explanation_stage.run(workdir, scale, seed, log))
+      workdir, scale, seed, log, **stage_inputs))["rows"]
+  explanation = timed("explanation", lambda: explanation_stage.run(
+      workdir, scale, seed, log, **stage_inputs))
   summary["explanation"] = explanation["rows"]
   summary["explanation_classifier"] = explanation["classifier"]
-  manifest_lib.write_manifest(workdir, scale=scale, seed=seed)
+  manifest_lib.write_manifest(workdir, scale=scale, seed=seed, release=summary["release"])
   summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
       workdir, release, log))
   report = report_lib.write_report(workdir, summary, log=log)

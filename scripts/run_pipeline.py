@@ -1,26 +1,65 @@
-"""The main job on the embedded default, the synthetic Mocheg world.
+"""The main job: every stage trained and scored, then a pipeline folder and its report.
 
   python scripts/run_pipeline.py --scale=tiny --workdir=runs/tiny
+  python scripts/run_pipeline.py --scale=paper --workdir=runs/paper --release=/data/mocheg \
+      --clip=/models/clip-vit-base-patch32 --bert=/models/bert-base-uncased \
+      --bart=/models/bart-large [--override=verify:total_steps=5000 ...]
 
-Builds the world, prints its statistics in the release table's rows, trains the local
-tokenizers, builds the TFDS dataset and draws one batch from every task pipeline. Rerunning
-with the same workdir reuses every finished step.
+Without --release it writes the synthetic world of --scale into WORKDIR/release; with it,
+the stages train on that Mocheg release with configs/*.py:SCALE. Rerunning with the same
+workdir reuses every finished step (see mocheg_jax/workflow.py for the steps).
 """
+
+import ast
 
 from absl import app, flags
 
 from mocheg_jax import workflow
 from mocheg_jax.utils.cli import friendly_errors
 
-_SCALE = flags.DEFINE_enum("scale", "tiny", ["tiny", "small", "paper"], "World size.")
+_SCALE = flags.DEFINE_enum("scale", "tiny", ["tiny", "small", "paper"],
+                           "Config variant of every stage (and the synthetic world's size).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/tiny", "Where every output goes.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic world and the pipelines.")
+_RELEASE = flags.DEFINE_string("release", "", "A Mocheg release folder to run on instead of "
+                               "the synthetic world.")
+flags.DEFINE_string("clip", "", "Local HF CLIP folder the image retriever starts "
+                            "from (required by --scale=paper).")
+flags.DEFINE_string("bert", "", "Local HF BERT folder of the truthfulness "
+                            "classifier (required by --scale=paper).")
+flags.DEFINE_string("bart", "", "Local HF BART folder of the generator (required by "
+                            "--scale=paper).")
+_OVERRIDE = flags.DEFINE_multi_string(
+    "override", [], "CONFIG:dotted.key=value, set in configs/CONFIG.py:SCALE for the stage "
+    "that uses it (value: a Python literal, else a string); repeatable.")
+
+
+def parse_override(text: str) -> tuple[str, str, object]:
+  """"verify:total_steps=5000" -> ("verify", "total_steps", 5000)."""
+  name, _, assignment = text.partition(":")
+  key, equals, value = assignment.partition("=")
+  if not (name and key and equals):
+    raise app.UsageError(f"--override={text!r}: expected CONFIG:dotted.key=value")
+  try:
+    parsed = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    parsed = value  # A plain string such as a folder path.
+  return name, key, parsed
 
 
 @friendly_errors
 def main(argv):
   del argv
-  workflow.run(_SCALE.value, _WORKDIR.value, seed=_SEED.value)
+  overrides: dict[str, dict] = {}
+  for (name, key), flag in workflow.PAPER_REQUIRED.items():  # --clip, --bert, --bart.
+    folder = flags.FLAGS[flag.lstrip("-")].value
+    if folder:
+      overrides.setdefault(name, {})[key] = folder
+  for text in _OVERRIDE.value:
+    name, key, value = parse_override(text)
+    overrides.setdefault(name, {})[key] = value
+  workflow.run(_SCALE.value, _WORKDIR.value, seed=_SEED.value, release=_RELEASE.value,
+               overrides=overrides)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,18 @@ import pytest
 from mocheg_jax.data import prepare as prepare_lib
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.data.synthetic import write_world
 from mocheg_jax.explanation import stage
 from mocheg_jax.explanation import table5
 from mocheg_jax.retrieval import results as results_lib
+from mocheg_jax.train.checkpoint import Checkpointer
+from mocheg_jax.train.loop import CHECKPOINT_DIR
 from mocheg_jax.train.writer import read_metrics
 from mocheg_jax.verification import predictions
 
 
-def _small_classifier(*args):
-  config = _ORIGINAL["classifier"](*args)
+def _small_classifier(*args, **kwargs):
+  config = _ORIGINAL["classifier"](*args, **kwargs)
   config.total_steps, config.eval_every, config.checkpoint_every = 8, 8, 8
   config.optimizer.warmup_steps = 0
   c = config.classifier
@@ -32,8 +35,8 @@ def _small_classifier(*args):
   return config
 
 
-def _small_generator(*args):
-  config = _ORIGINAL["generator"](*args)
+def _small_generator(*args, **kwargs):
+  config = _ORIGINAL["generator"](*args, **kwargs)
   config.total_steps, config.batch_size, config.log_every = 6, 8, 1  # 8 fake devices.
   config.eval_every, config.checkpoint_every = 6, 6
   config.optimizer.warmup_steps = 0
@@ -51,8 +54,13 @@ _ORIGINAL = {"classifier": stage.classifier_config, "generator": stage.generator
 @pytest.fixture(scope="module")
 def stage_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("explanation_stage")
-  prepare_lib.prepare(str(workdir), scale="tiny", seed=0, log=lambda _: None)
-  release = MochegRelease(workdir / "release")
+  # A release outside the workdir, as `run_pipeline.py --release=DIR` gives the stages.
+  release_dir = str(tmp_path_factory.mktemp("release"))
+  write_world(release_dir, scale="tiny", seed=0, progress=False)
+  prepare_lib.prepare(str(workdir), release=release_dir, log=lambda _: None)
+  inputs = dict(release=release_dir,  # And an override applied after the stage's own steps.
+                overrides={"classifier": {"classifier.dropout": 0.125}})
+  release = MochegRelease(release_dir)
   claims = release.claims("test")
   # System labels: every test claim but the first, the last one's label rotated.
   labels = [np.eye(3)[c.label] for c in claims[1:]]
@@ -61,7 +69,7 @@ def stage_run(tmp_path_factory):
                                 [c.claim_id for c in claims[1:]], labels)
   with pytest.raises(MochegInputError, match="retrieval_results.csv: missing; the retrieval "
                      "stage writes it"):
-    stage.run(str(workdir), "tiny", 0, log=lambda _: None)
+    stage.run(str(workdir), "tiny", 0, log=lambda _: None, **inputs)
   # System evidence: the KB's first sentences, nothing retrieved for the first claim.
   sentences = [s for _, s in zip(range(40), release.iter_sentences())]
   results_lib.write_results(workdir / stage.RETRIEVAL_RESULTS, [
@@ -73,10 +81,20 @@ def stage_run(tmp_path_factory):
   mp.setattr(stage, "classifier_config", _small_classifier)
   mp.setattr(stage, "generator_config", _small_generator)
   try:
-    out = stage.run(str(workdir), "tiny", 0, log=lines.append)
+    out = stage.run(str(workdir), "tiny", 0, log=lines.append, **inputs)
   finally:
     mp.undo()
   return workdir, claims, out, "\n".join(lines)
+
+
+def test_stage_trains_on_the_given_release_with_overrides(stage_run):
+  workdir, _, _, _ = stage_run
+  classifier = Checkpointer(str(workdir / "stages" / stage.CLASSIFIER_DIR / CHECKPOINT_DIR),
+                            read_only=True)
+  config = classifier.restore_config(classifier.latest_step())
+  assert config["classifier"]["dropout"] == 0.125
+  assert config["data"]["release"] == str(workdir.parent / "release0")
+  assert not (workdir / "release").exists()  # No synthetic world was written.
 
 
 def test_table5_rows_and_files(stage_run):

@@ -39,7 +39,7 @@ from mocheg_jax.explanation import table5
 from mocheg_jax.models import encoding
 from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
-from mocheg_jax.utils.configs import load_config
+from mocheg_jax.utils import configs
 from mocheg_jax.verification import stage as verification_stage
 
 SPLIT = "test"
@@ -59,27 +59,23 @@ SMALL_STEPS = {"generator": 400, "sc_start_step": 200}
 
 
 # ---- configs ----------------------------------------------------------------------------------
-def _common(config: ml_collections.ConfigDict, scale: str, workdir: str, seed: int
-            ) -> ml_collections.ConfigDict:
-  config.data.dir = workdir  # The world the main job prepared.
-  config.data.scale = scale
-  config.seed = seed
-  return config
-
-
-def classifier_config(scale: str, workdir: str, seed: int) -> ml_collections.ConfigDict:
-  config = _common(load_config("classifier", scale), scale, workdir, seed)
+def classifier_config(scale: str, workdir: str, seed: int, *, release: str = "",
+                      overrides: configs.Overrides | None = None
+                      ) -> ml_collections.ConfigDict:
+  """configs/classifier.py:<scale> on the main job's world, then `overrides`."""
+  config = configs.stage_config("classifier", scale, workdir, seed, release=release)
   if scale == "tiny":
     config.total_steps = config.checkpoint_every = TINY_STEPS["classifier"]
     config.eval_every = 0  # At the end only.
-  return config
+  return configs.apply_overrides(config, "classifier", overrides)
 
 
-def generator_config(scale: str, workdir: str, seed: int, classifier_dir: str = ""
+def generator_config(scale: str, workdir: str, seed: int, classifier_dir: str = "", *,
+                     release: str = "", overrides: configs.Overrides | None = None
                      ) -> ml_collections.ConfigDict:
-  """configs/explain.py:<scale> on the main job's world; with `classifier_dir` the reward
-  term is on."""
-  config = _common(load_config("explain", scale), scale, workdir, seed)
+  """configs/explain.py:<scale> on the main job's world, then `overrides`; with
+  `classifier_dir` the reward term is on."""
+  config = configs.stage_config("explain", scale, workdir, seed, release=release)
   config.explain.classifier = classifier_dir
   if scale == "tiny":
     config.total_steps = config.checkpoint_every = TINY_STEPS["generator"]
@@ -91,7 +87,7 @@ def generator_config(scale: str, workdir: str, seed: int, classifier_dir: str = 
     config.total_steps = SMALL_STEPS["generator"]
     config.eval_every = config.checkpoint_every = SMALL_STEPS["generator"] // 2
     config.explain.sc_start_step = SMALL_STEPS["sc_start_step"]
-  return config
+  return configs.apply_overrides(config, "explain", overrides)
 
 
 # ---- generation -------------------------------------------------------------------------------
@@ -203,11 +199,14 @@ def _write_markdown(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-def run(workdir: str, scale: str, seed: int = 0,
-        log: Callable[[str], None] = print) -> dict:
-  """Runs the stage; returns {"rows": Table 5 rows, "table": markdown, "classifier": its
-  test scores, "timings_s": per training}."""
-  release = MochegRelease(os.path.join(workdir, "release"))
+def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = print, *,
+        release: str = "", overrides: configs.Overrides | None = None) -> dict:
+  """Runs the stage on `release` (default: the synthetic world in WORKDIR/release) with
+  configs/classifier.py and configs/explain.py at `scale`, then `overrides`; returns
+  {"rows": Table 5 rows, "table": markdown, "classifier": its test scores, "timings_s": per
+  training}."""
+  inputs = dict(release=release, overrides=overrides)
+  release = MochegRelease(configs.release_dir(workdir, release))
   stages = os.path.join(workdir, "stages")
   system_evidence = os.path.join(workdir, RETRIEVAL_RESULTS)
   system_labels = os.path.join(workdir, VERIFY_RESULTS)
@@ -224,7 +223,7 @@ def run(workdir: str, scale: str, seed: int = 0,
     timings[name] = round(time.perf_counter() - start, 2)
 
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)
-  train("classifier", classifier_config(scale, workdir, seed), classifier_dir)
+  train("classifier", classifier_config(scale, workdir, seed, **inputs), classifier_dir)
   classifier = classifier_task.load_classifier(classifier_dir)
   gold = classifier_task.read_explanations(release, SPLIT)
   classifier_scores = {"claims": len(gold.labels), "step": classifier.step,
@@ -250,8 +249,8 @@ def run(workdir: str, scale: str, seed: int = 0,
   rows = []
   for system, (folder, rewarded) in GENERATORS.items():
     where = os.path.join(stages, folder)
-    train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else ""),
-          where)
+    train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
+                                   **inputs), where)
     trained = load_trained(where)
     tokenizer = trained.task.inference.tokenizer
     for (e, l), x in settings.items():

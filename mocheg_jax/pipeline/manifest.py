@@ -31,7 +31,7 @@ STAGES = {
     "generator": "stages/explain_nll",
 }
 INDEXES = {"text": "index/text", "image": "index/image"}
-RELEASE = "release"  # The KB's sentence texts and image files.
+RELEASE = "release"  # The KB's sentence texts and image files (or an absolute path).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +63,16 @@ class Manifest:
   seed: int = 0
 
 
-def write_manifest(pipeline_dir: str, *, scale: str, seed: int,
+def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "",
                    settings: Settings = Settings()) -> str:
   """Writes the main job's manifest (atomically) and returns its path; every part must
-  exist already (checked by reading it back)."""
-  data = {"format": FORMAT, "scale": scale, "seed": seed, "release": RELEASE,
+  exist already (checked by reading it back). `release`: the release folder the pipeline
+  was trained on, when not the synthetic world in PIPELINE_DIR/release."""
+  if release and os.path.abspath(release) == os.path.join(os.path.abspath(pipeline_dir),
+                                                          RELEASE):
+    release = ""  # Kept relative: the synthetic world inside the folder.
+  data = {"format": FORMAT, "scale": scale, "seed": seed,
+          "release": os.path.abspath(release) if release else RELEASE,
           "stages": dict(STAGES), "indexes": dict(INDEXES),
           "settings": dataclasses.asdict(settings)}
   path = os.path.join(pipeline_dir, MANIFEST)

@@ -110,13 +110,12 @@ def _read_text(path: str, skip: _Skips) -> str | None:
     return f.read().strip()
 
 
-def recall_curves(workdir: str, skip: _Skips) -> dict[str, dict]:
+def recall_curves(workdir: str, release_dir: str, skip: _Skips) -> dict[str, dict]:
   """modality -> recall@K for K = 1..10 of the run the Table 3 system wrote.
 
   The same `evaluate_run` as Table 3 (`retrieval/table3.py`) on the same qrels, so the
   curve's @5 and @10 are that table's rows; run order is read back exactly (`read_run`).
   """
-  release_dir = os.path.join(workdir, "release")
   curves, release = {}, None
   for modality, (name, system) in RUNS.items():
     path = os.path.join(workdir, name)
@@ -199,7 +198,7 @@ def _last(records: list[dict], key: str):
 def _markdown(results: dict, texts: dict[str, str | None]) -> str:
   lines = ["# Mocheg-JAX main job report", "",
            f"Scale `{results['scale']}`, seed {results['seed']}. Figures are on the test split "
-           "of the world in `release/`.", ""]
+           f"of the release in `{results['release']}`.", ""]
   if results["timings_s"]:
     lines += ["## Timings", "", "| Step | Seconds |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in results["timings_s"].items()]
@@ -238,8 +237,9 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
 
   Args:
     workdir: the main job's folder, after its stages have run.
-    summary: the main job's summary: "scale", "seed", "timings_s" and, when the
-      explanation stage ran, "explanation_classifier" (the classifier's test scores).
+    summary: the main job's summary: "scale", "seed", "timings_s", "release" (the release
+      folder; default WORKDIR/release) and, when the explanation stage ran,
+      "explanation_classifier" (the classifier's test scores).
     log: where the skipped inputs are reported, one line each.
 
   Raises:
@@ -251,7 +251,8 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
           for key, (stem, _) in TABLES.items()}
   texts = {key: _read_text(os.path.join(workdir, f"{stem}.md"), skip)
            for key, (stem, _) in TABLES.items()}
-  curves = recall_curves(workdir, skip)
+  release_dir = summary.get("release") or os.path.join(workdir, "release")
+  curves = recall_curves(workdir, release_dir, skip)
   _check_table3(curves, rows["table3"], log)
   confusions = _confusions(os.path.join(workdir, "table4.json"), rows["table4"], skip)
   training = _training(workdir, skip)
@@ -277,6 +278,7 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
   nulled: list[str] = []
   results = _plain({
       "scale": summary.get("scale"), "seed": summary.get("seed"),
+      "release": release_dir,
       "timings_s": summary.get("timings_s", {}),
       **rows,
       "explanation_classifier": summary.get("explanation_classifier"),

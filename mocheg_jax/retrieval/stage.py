@@ -9,6 +9,7 @@ resumes to its last step), an index is complete or resumed, runs are rewritten.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Callable
@@ -19,19 +20,11 @@ from mocheg_jax.retrieval import system
 from mocheg_jax.retrieval import table3
 from mocheg_jax.train import loop
 from mocheg_jax.train.restore import Trained, load_trained, untrained
-from mocheg_jax.utils.configs import load_config
+from mocheg_jax.utils import configs
 
 SPLIT = "test"
 TOP_K = 10  # Runs keep 10 per claim: Table 3 reports K = 5 and 10.
 RERANK_CANDIDATES = 100  # Bi-encoder candidates the cross-encoder reorders (1000 on the paper).
-
-
-def _config(name: str, scale: str, workdir: str, seed: int):
-  config = load_config(name, scale)
-  config.data.dir = workdir  # Every stage reads the world the main job prepared.
-  config.data.scale = scale
-  config.seed = seed
-  return config
 
 
 def _train(name: str, config, workdir: str, log: Callable[[str], None]) -> str:
@@ -47,10 +40,13 @@ def _dense_run(trained: Trained, index_dir: str, release: str) -> system.Run:
                               TOP_K)
 
 
-def run(workdir: str, scale: str, seed: int = 0,
-        log: Callable[[str], None] = print) -> dict:
-  """Runs the stage; returns {"rows": Table 3 rows, "table": markdown}."""
-  release_dir = os.path.join(workdir, "release")
+def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = print, *,
+        release: str = "", overrides: configs.Overrides | None = None) -> dict:
+  """Runs the stage on `release` (default: the synthetic world in WORKDIR/release) with
+  configs/NAME.py:SCALE and `overrides`; returns {"rows": Table 3 rows, "table": markdown}."""
+  release_dir = configs.release_dir(workdir, release)
+  stage_config = functools.partial(configs.stage_config, scale=scale, workdir=workdir,
+                                   seed=seed, release=release, overrides=overrides)
   release = MochegRelease(release_dir)
   claims = release.claims(SPLIT)
   claim_ids = [str(c.claim_id) for c in claims]
@@ -68,18 +64,18 @@ def run(workdir: str, scale: str, seed: int = 0,
   bm25 = bm25_lib.BM25.build(kb.ids, kb.items)
   score("BM25", {"text": dict(zip(claim_ids, bm25.search([c.claim for c in claims], TOP_K)))})
 
-  text_dir = _train("retrieval_text", _config("retrieval_text", scale, workdir, seed), workdir,
+  text_dir = _train("retrieval_text", stage_config("retrieval_text"), workdir,
                     log)
   text = load_trained(text_dir)
   encode_text = lambda items: text.task.inference.encode_documents(text.model, items)
-  zero = untrained(_config("retrieval_text", scale, workdir, seed), text_dir)
+  zero = untrained(stage_config("retrieval_text"), text_dir)
   score("SBERT zero-shot", {"text": _dense_run(
       zero, os.path.join(workdir, "index", "text_zero_shot"), release_dir)},
       {"text": encode_text})
   text_run = _dense_run(text, os.path.join(workdir, "index", "text"), release_dir)
   score("SBERT fine-tuned", {"text": text_run}, {"text": encode_text})
 
-  rerank_config = _config("rerank", scale, workdir, seed)
+  rerank_config = stage_config("rerank")
   rerank_config.rerank.retriever = text_dir  # Hard negatives mined with our bi-encoder.
   rerank_dir = _train("rerank", rerank_config, workdir, log)
   reranked = system.search_claims(
@@ -90,7 +86,7 @@ def run(workdir: str, scale: str, seed: int = 0,
                        results_path=results_csv, release_dir=release_dir, tag="rerank")
   score("SBERT + rerank", {"text": reranked}, {"text": encode_text})
 
-  image_dir = _train("retrieval_image", _config("retrieval_image", scale, workdir, seed),
+  image_dir = _train("retrieval_image", stage_config("retrieval_image"),
                      workdir, log)
   image = load_trained(image_dir)
   image_run = _dense_run(image, os.path.join(workdir, "index", "image"), release_dir)

@@ -28,7 +28,7 @@ from mocheg_jax.metrics.classification import classification_report
 from mocheg_jax.models import encoding
 from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
-from mocheg_jax.utils.configs import load_config
+from mocheg_jax.utils import configs
 from mocheg_jax.verification import baselines
 from mocheg_jax.verification import task as verify_task
 from mocheg_jax.verification.evidence import ClaimEvidence
@@ -82,11 +82,9 @@ def format_table(rows: Sequence[dict]) -> str:
 
 
 def _config(scale: str, workdir: str, seed: int, clip_dir: str, use_text: bool,
-            use_image: bool):
-  config = load_config("verify", scale)
-  config.data.dir = workdir  # The world the main job prepared.
-  config.data.scale = scale
-  config.seed = seed
+            use_image: bool, release: str = "", overrides: configs.Overrides | None = None):
+  config = configs.stage_config("verify", scale, workdir, seed, release=release,
+                                overrides=overrides)
   config.verify.clip = clip_dir
   config.verify.use_text, config.verify.use_image = use_text, use_image
   # One feature store per set of frozen encoders, shared by the modes: a config that changes
@@ -118,13 +116,16 @@ def _average_similarity(frozen: verify_task.FrozenClip, claims: list[ClaimEviden
   return baselines.average_similarity_scores(claim_emb, evidence, mask)
 
 
-def run(workdir: str, scale: str, seed: int = 0,
-        log: Callable[[str], None] = print) -> dict:
-  """Runs the stage; returns {"rows": Table 4 rows, "table": markdown}."""
-  release_dir = os.path.join(workdir, "release")
+def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = print, *,
+        release: str = "", overrides: configs.Overrides | None = None) -> dict:
+  """Runs the stage on `release` (default: the synthetic world in WORKDIR/release) with
+  configs/verify.py:SCALE and `overrides`; returns {"rows": Table 4 rows, "table":
+  markdown}."""
+  release_dir = configs.release_dir(workdir, release)
   clip_dir = os.path.join(workdir, "stages", "retrieval_image")
   system_csv = os.path.join(workdir, "runs", "retrieval_results.csv")
-  image_facts = image_fact_claims(scale, seed)
+  # Only a synthetic world knows which claims state image-only facts.
+  image_facts = set() if release else image_fact_claims(scale, seed)
   release = MochegRelease(release_dir)
   rows = []
 
@@ -134,7 +135,7 @@ def run(workdir: str, scale: str, seed: int = 0,
 
   trained = {}
   for name, (use_text, use_image) in MODES.items():
-    config = _config(scale, workdir, seed, clip_dir, use_text, use_image)
+    config = _config(scale, workdir, seed, clip_dir, use_text, use_image, release, overrides)
     stage_dir = os.path.join(workdir, "stages", f"verify_{name.replace('+', '_')}")
     log(f"training verifier ({name} evidence) in {stage_dir}")
     loop.train(config, stage_dir, log=log)
