@@ -47,6 +47,7 @@ from mocheg_jax.models import decoding
 from mocheg_jax.parallel import distributed
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
+from mocheg_jax.utils.progress import Progress
 
 RANDOM = "random"
 DEV_SPLIT = "val"
@@ -280,15 +281,19 @@ class Explainer:
     rows = [source_ids(tokenizer, c, e) for c in claims]
     batch = e.eval_batch_size
     all_ids, all_mask = [], []
-    for start in range(0, len(rows), batch):
-      chunk = rows[start:start + batch]
-      ids = np.full((batch, e.max_source_len), model.config.pad_token_id, np.int32)
-      mask = np.zeros((batch, e.max_source_len), np.int32)
-      for i, row in enumerate(chunk + [chunk[0]] * (batch - len(chunk))):  # Fixed shape.
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-      tokens, token_mask = decoding.tokens_and_mask(decoding.generate(model, ids, mask, config))
-      all_ids.append(distributed.to_host(tokens)[:len(chunk)])
-      all_mask.append(distributed.to_host(token_mask)[:len(chunk)])
+    with Progress("generating explanations", total=len(rows), unit="claims",
+                  enabled=distributed.is_primary()) as progress:
+      for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        ids = np.full((batch, e.max_source_len), model.config.pad_token_id, np.int32)
+        mask = np.zeros((batch, e.max_source_len), np.int32)
+        for i, row in enumerate(chunk + [chunk[0]] * (batch - len(chunk))):  # Fixed shape.
+          ids[i, :len(row)], mask[i, :len(row)] = row, 1
+        tokens, token_mask = decoding.tokens_and_mask(decoding.generate(model, ids, mask,
+                                                                        config))
+        all_ids.append(distributed.to_host(tokens)[:len(chunk)])
+        all_mask.append(distributed.to_host(token_mask)[:len(chunk)])
+        progress.update(len(chunk))
     ids, mask = np.concatenate(all_ids), np.concatenate(all_mask)
     texts = [tokenizer.decode(row[m], skip_special_tokens=True).strip()
              for row, m in zip(ids, mask)]

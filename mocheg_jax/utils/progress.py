@@ -50,7 +50,7 @@ class Progress:
     text = f"{self.desc}: {self.done:,}"
     if self.total:
       text += f"/{self.total:,} ({100.0 * self.done / self.total:.0f}%)"
-    text += f" {rate:,.0f} {self.unit}/s elapsed {format_seconds(elapsed)}"
+    text += f" {rate:,.{0 if rate >= 10 else 2}f} {self.unit}/s elapsed {format_seconds(elapsed)}"
     if self.total and rate > 0:
       text += f" ETA {format_seconds((self.total - self.done) / rate)}"
     return text
