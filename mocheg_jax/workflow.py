@@ -38,6 +38,14 @@ DEMO_SHAPES = {
     "explanation": dict(max_source_len=128, max_target_len=96),
 }
 SAMPLE_CLAIMS = 3  # Test claims the main job fact-checks at the end.
+# The stage configs the main job trains with (configs/NAME.py).
+STAGE_CONFIGS = ("retrieval_text", "rerank", "retrieval_image", "verify", "classifier",
+                 "explain")
+# Fields a `paper` run cannot default (no hub downloads): the flag of scripts/run_pipeline.py
+# that sets each.
+PAPER_REQUIRED = {("retrieval_image", "model.init"): "--clip",
+                  ("classifier", "classifier.init"): "--bert",
+                  ("explain", "explain.init"): "--bart"}
 
 
 def _describe(batch: dict[str, np.ndarray]) -> str:
@@ -59,18 +67,6 @@ def _sample_checks(workdir: str, release: MochegRelease, log: Callable[[str], No
   for result in results:
     log(json.dumps(result, ensure_ascii=False))
   return results
-
-
-# Fields a `paper` run cannot default (no hub downloads): the flag of scripts/run_pipeline.py
-# that sets each.
-PAPER_REQUIRED = {("retrieval_image", "model.init"): "--clip",
-                  ("classifier", "classifier.init"): "--bert",
-                  ("explain", "explain.init"): "--bart"}
-
-
-# The stage configs the main job trains with (configs/NAME.py).
-STAGE_CONFIGS = ("retrieval_text", "rerank", "retrieval_image", "verify", "classifier",
-                 "explain")
 
 
 def check_overrides(scale: str, workdir: str, seed: int,
