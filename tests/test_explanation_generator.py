@@ -335,6 +335,24 @@ def test_every_baseline_with_the_reference_per_position_sampling():
   assert float(after["greedy"][1]["baseline"]) not in (0.0, rewards["none"])
 
 
+def test_per_token_log_probabilities_divide_the_term_by_the_sample_length():
+  """pg_log_prob="mean": the same sample (per-position sampling over full-length targets,
+  so every sample has T tokens) gives the summed term divided by T."""
+  model, batch, reward_model = _model(), _batch(), _stand_in()
+  batch["target_mask"] = jnp.ones_like(batch["target_mask"])
+  out = {}
+  for log_prob in reinforce.LOG_PROBS:
+    settings = reinforce.ReinforceSettings(sc_weight=1.0, start_step=0, baseline="mean",
+                                           teacher_forced_sampling=True, log_prob=log_prob)
+    _, m = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=jax.random.key(3),
+                                      settings=settings, reward_model=reward_model)
+    out[log_prob] = float(m["pg_loss"])
+  assert out["sum"] != 0
+  np.testing.assert_allclose(out["mean"] * T, out["sum"], rtol=1e-5)
+  with pytest.raises(ValueError, match="pg_log_prob must be one of"):
+    reinforce.ReinforceSettings(log_prob="max").validate()
+
+
 # ---- truncation and the data the task trains on ------------------------------------------------
 def test_truncation_keeps_label_and_claim_unless_the_reference_flag_is_set(tmp_path):
   texts = ["The bridge has 3 arches. It was built in 1901 by the city council."] * 20

@@ -83,6 +83,10 @@ def explain_config() -> ml_collections.ConfigDict:
   e.baseline = "greedy"  # none (the reference) | greedy (self-critical) | mean
   e.teacher_forced_sampling = False  # True: the reference's per-position sampling.
   e.sample_max_length = 400  # Generation max_length of a sample (start token counted).
+  # The sample's log-probability in the policy-gradient term: "sum" over its tokens (the
+  # REINFORCE estimator as written) or "mean" per token, which keeps the term's gradient on
+  # the NLL's scale (reinforce.ReinforceSettings.log_prob).
+  e.pg_log_prob = "sum"
   # Dev decoding.
   e.num_beams = 4
   e.no_repeat_ngram_size = 3
@@ -101,7 +105,7 @@ def reinforce_settings(e: ml_collections.ConfigDict) -> reinforce.ReinforceSetti
   settings = reinforce.ReinforceSettings(
       sc_weight=float(e.sc_weight), start_step=int(e.sc_start_step), baseline=e.baseline,
       teacher_forced_sampling=bool(e.teacher_forced_sampling),
-      sample_max_length=int(e.sample_max_length))
+      sample_max_length=int(e.sample_max_length), log_prob=e.pg_log_prob)
   settings.validate()
   return settings
 

@@ -2,6 +2,7 @@
 
     loss = NLL + w(step) * PG,   w(step) = sc_weight if step >= start_step else 0
     PG   = -mean_b[ (r_b - baseline_b) * sum_t log p(y_bt | y_b<t, x_b) ]
+           (or the per-token mean of the log-probabilities: `ReinforceSettings.log_prob`)
 
 over a sequence y_b drawn from the current policy. Everything runs inside the one jitted
 train step (DESIGN.md convention 5): the sample is drawn autoregressively with the KV cache
@@ -44,6 +45,7 @@ from mocheg_jax.models import decoding
 from mocheg_jax.models.bart import Bart, BartConfig, shift_tokens_right
 
 BASELINES = ("none", "greedy", "mean")
+LOG_PROBS = ("sum", "mean")
 
 Probabilities = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
@@ -102,12 +104,19 @@ class ReinforceSettings:
     teacher_forced_sampling: the reference's per-position sampling (see the module doc).
     sample_max_length: generation's max_length for the sample (counts the start token), so
       samples have at most sample_max_length - 1 tokens.
+    log_prob: "sum" scores a sample by sum_t log p (the estimator as written); "mean" by
+      the per-token mean, which divides the term's gradient by the sample's length. Why:
+      on the small world the summed term's gradient norm was 17-25 against the NLL's 0.85
+      over ~100-token samples, so clipping the global norm to 1 scaled the NLL's gradient
+      down ~20x: the NLL stalled (2.15 -> 2.13 over 200 steps, against 1.73 -> 1.35 without
+      the term) while the noisy term collapsed the outputs to 9-14 distinct texts.
   """
   sc_weight: float = 0.5
   start_step: int = 20
   baseline: str = "greedy"
   teacher_forced_sampling: bool = False
   sample_max_length: int = 400
+  log_prob: str = "sum"
 
   def validate(self) -> None:
     if self.baseline not in BASELINES:
@@ -116,6 +125,9 @@ class ReinforceSettings:
       raise ValueError(f"explain.sc_weight must be >= 0, got {self.sc_weight}")
     if self.start_step < 0:
       raise ValueError(f"explain.sc_start_step must be >= 0, got {self.start_step}")
+    if self.log_prob not in LOG_PROBS:
+      raise ValueError(f"explain.pg_log_prob must be one of {LOG_PROBS}, got "
+                       f"{self.log_prob!r}")
     if self.sample_max_length < 2:
       raise ValueError(f"explain.sample_max_length must be >= 2 (it counts the decoder "
                        f"start token), got {self.sample_max_length}")
@@ -355,6 +367,8 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
     decoder_inputs = shift_tokens_right(ids, c.pad_token_id, c.decoder_start_token_id)
     sample_logits = model.decode(decoder_inputs, memory, source_mask, deterministic=True)
     log_probs = sequence_log_probs(sample_logits, ids, mask)
+  if settings.log_prob == "mean":
+    log_probs = log_probs / jnp.maximum(mask.astype(jnp.float32).sum(-1), 1.0)
   pg = policy_gradient_loss(log_probs, rewards, baselines)
   weight = jnp.where(active, jnp.float32(settings.sc_weight), 0.0)
   metrics.update(sc_weight=weight, pg_loss=pg, reward=rewards.mean(),
