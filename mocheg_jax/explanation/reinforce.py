@@ -109,7 +109,12 @@ class ReinforceSettings:
       on the small world the summed term's gradient norm was 17-25 against the NLL's 0.85
       over ~100-token samples, so clipping the global norm to 1 scaled the NLL's gradient
       down ~20x: the NLL stalled (2.15 -> 2.13 over 200 steps, against 1.73 -> 1.35 without
-      the term) while the noisy term collapsed the outputs to 9-14 distinct texts.
+      the term) while the noisy term collapsed the outputs to 9-14 distinct texts. Measured
+      with "mean" (same run, steps 200-400): the NLL no longer stalls (1.40 at step 400)
+      and the gradient norm stays ~1, but the dev outputs shrink (31 tokens against 79;
+      dev ROUGE-L 11.4 against 29.7 NLL-only and 22.4 "sum"; 20 distinct texts of 143;
+      classifier agreement 27.3% against 32.2% "sum"): a per-token mean rewards short
+      samples. Neither setting raises the agreement yet.
   """
   sc_weight: float = 0.5
   start_step: int = 20
