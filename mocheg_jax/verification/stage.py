@@ -126,7 +126,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   system_csv = os.path.join(workdir, "runs", "retrieval_results.csv")
   # Only a synthetic world knows which claims state image-only facts.
   image_facts = set() if release else image_fact_claims(scale, seed)
-  release = MochegRelease(release_dir)
+  train_claims = MochegRelease(release_dir).claims("train")
   rows = []
 
   def add(system: str, evidence: str, claims: list[ClaimEvidence], predicted) -> None:
@@ -142,7 +142,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
     trained[name] = load_trained(stage_dir)
 
   gold_all = trained["text+image"].task.inference.evidence(SPLIT)
-  majority = baselines.majority([c.label for c in release.claims("train")])
+  majority = baselines.majority([c.label for c in train_claims])
   add("Majority", "-", gold_all, [majority] * len(gold_all))
 
   verifier = trained["text+image"].task.inference
