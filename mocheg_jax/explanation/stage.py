@@ -206,7 +206,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   {"rows": Table 5 rows, "table": markdown, "classifier": its test scores, "timings_s": per
   training}."""
   inputs = dict(release=release, overrides=overrides)
-  release = MochegRelease(configs.release_dir(workdir, release))
+  reader = MochegRelease(configs.release_dir(workdir, release))
   stages = os.path.join(workdir, "stages")
   system_evidence = os.path.join(workdir, RETRIEVAL_RESULTS)
   system_labels = os.path.join(workdir, VERIFY_RESULTS)
@@ -225,19 +225,19 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)
   train("classifier", classifier_config(scale, workdir, seed, **inputs), classifier_dir)
   classifier = classifier_task.load_classifier(classifier_dir)
-  gold = classifier_task.read_explanations(release, SPLIT)
+  gold = classifier_task.read_explanations(reader, SPLIT)
   classifier_scores = {"claims": len(gold.labels), "step": classifier.step,
                        **classifier_task.scores(gold.labels, classifier.predict(gold.texts))}
   log(f"truthfulness classifier ({SPLIT}, {len(gold.labels)} gold explanations): macro F1 "
       f"{classifier_scores['macro_f1']:.4f}")
 
   settings = {(e, l): inputs_lib.build_inputs(
-      release, SPLIT, labels=inputs_lib.GOLD if l == "gold" else system_labels,
+      reader, SPLIT, labels=inputs_lib.GOLD if l == "gold" else system_labels,
       evidence=inputs_lib.GOLD if e == "gold" else system_evidence)
               for e in ("gold", "system") for l in ("gold", "system")}
   for (e, l), x in settings.items():
     log(f"explanation inputs, {e} evidence x {l} labels: {x.summary()}")
-  references = {c.claim_id: c.explanation for c in release.claims(SPLIT)}
+  references = {c.claim_id: c.explanation for c in reader.claims(SPLIT)}
   retriever = os.path.join(stages, RETRIEVER_DIR)
   if os.path.isdir(os.path.join(retriever, loop.CHECKPOINT_DIR)):
     embed = token_embedder(retriever)
@@ -272,7 +272,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
       rows.append(row)
       log(f"{system}, {e} evidence, {l} labels: ROUGE-L {100 * row['rougeL']:.2f}, "
           f"classifier agreement {_pct(row['classifier_agreement'])}")
-  rows.extend(table5.baseline_rows(release.claims(SPLIT), evidence="gold",
+  rows.extend(table5.baseline_rows(reader.claims(SPLIT), evidence="gold",
                                    bert_encoder=embed))
   system_claims = settings[("system", "gold")].claims  # Retrieved sentences as evidence.
   rows.extend(table5.baseline_rows(system_claims, evidence="system", bert_encoder=embed))

@@ -117,11 +117,6 @@ def check_claims(claims: Sequence[str], images: Sequence[str | None] | None = No
   return out, paths
 
 
-def _normalized(x: np.ndarray) -> np.ndarray:
-  x = np.asarray(x, np.float32)
-  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 class FactChecker:
   """A loaded pipeline: `check(claim, image=None)` and `check_many(claims, images=None)`.
 
@@ -199,7 +194,7 @@ class FactChecker:
   # ---- the steps ------------------------------------------------------------------------
   def _text_evidence(self, claims: list[str]) -> list[list[TextEvidence]]:
     s = self.settings
-    queries = _normalized(self._text.task.inference.encode_queries(self._text.model, claims))
+    queries = system.normalized(self._text.task.inference.encode_queries(self._text.model, claims))
     hits = search_lib.search(queries, self._text_index, max(s.text_candidates, s.text_top_k))
     candidates = [[(doc, self._kb_texts[doc]) for doc, _ in ranked] for ranked in hits]
     reranked = self._reranker(claims, candidates, top_k=s.text_top_k)
@@ -209,12 +204,12 @@ class FactChecker:
   def _image_evidence(self, claims: list[str], images: list[str | None]
                       ) -> list[list[ImageEvidence]]:
     encoders, model = self._image.task.inference, self._image.model
-    queries = _normalized(encoders.encode_queries(model, claims))
+    queries = system.normalized(encoders.encode_queries(model, claims))
     hits = search_lib.search(queries, self._image_index, self.settings.image_top_k)
     given = [(i, p) for i, p in enumerate(images) if p is not None]
     own = {}
     if given:
-      embedded = _normalized(encoders.encode_documents(model, [p for _, p in given]))
+      embedded = system.normalized(encoders.encode_documents(model, [p for _, p in given]))
       own = {i: ImageEvidence(p, float(queries[i] @ e)) for (i, p), e in zip(given, embedded)}
     return [([own[i]] if i in own else []) + [ImageEvidence(name, float(score))
                                               for name, score in ranked]

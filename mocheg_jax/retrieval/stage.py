@@ -47,12 +47,12 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   release_dir = configs.release_dir(workdir, release)
   stage_config = functools.partial(configs.stage_config, scale=scale, workdir=workdir,
                                    seed=seed, release=release, overrides=overrides)
-  release = MochegRelease(release_dir)
-  claims = release.claims(SPLIT)
+  reader = MochegRelease(release_dir)
+  claims = reader.claims(SPLIT)
   claim_ids = [str(c.claim_id) for c in claims]
-  qrels = {"text": {str(k): v for k, v in release.text_qrels(SPLIT).items()},
-           "image": {str(k): v for k, v in release.image_qrels(SPLIT).items()}}
-  kb = system.corpus(release, "text")
+  qrels = {"text": {str(k): v for k, v in reader.text_qrels(SPLIT).items()},
+           "image": {str(k): v for k, v in reader.image_qrels(SPLIT).items()}}
+  kb = system.corpus(reader, "text")
   runs_dir = os.path.join(workdir, "runs")
   results_csv = os.path.join(runs_dir, "retrieval_results.csv")
   rows = []
@@ -92,7 +92,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   image_run = _dense_run(image, os.path.join(workdir, "index", "image"), release_dir)
   system.write_outputs(image_run, "image", run_path=os.path.join(runs_dir, "image.run"),
                        results_path=results_csv, release_dir=release_dir, tag="clip")
-  images = system.corpus(release, "image")
+  images = system.corpus(reader, "image")
   rows.extend(table3.table3_rows(
       "CLIP fine-tuned", {"image": image_run}, qrels,
       semantic={"image": lambda items: image.task.inference.encode_documents(image.model,

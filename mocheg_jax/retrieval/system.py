@@ -72,7 +72,7 @@ def build_index(trained: Trained, release_dir: str, out_dir: str, *, batch_size:
     raise MochegInputError(f"{release_dir}: the KB has no {encoders.kind} items to index")
 
   def encode(rows: Sequence[int]) -> np.ndarray:
-    return _normalized(encoders.encode_documents(trained.model,
+    return normalized(encoders.encode_documents(trained.model,
                                                  [kb.items[r] for r in rows]))
 
   dim = encode([0]).shape[1]
@@ -81,7 +81,8 @@ def build_index(trained: Trained, release_dir: str, out_dir: str, *, batch_size:
                                    shard_size=shard_size, dtype=dtype, progress=progress)
 
 
-def _normalized(x: np.ndarray) -> np.ndarray:
+def normalized(x: np.ndarray) -> np.ndarray:
+  """Rows scaled to unit L2 norm (float32), as the indexes store them."""
   x = np.asarray(x, np.float32)
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -125,7 +126,7 @@ def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir
   claims = release.claims(split)
   if not claims:
     raise MochegInputError(f"{release_dir}: split {split!r} has no claims")
-  queries = _normalized(encoders.encode_queries(trained.model, [c.claim for c in claims]))
+  queries = normalized(encoders.encode_queries(trained.model, [c.claim for c in claims]))
   depth = max(k, candidates) if rerank is not None else k
   hits = search_lib.search(queries, index, depth)
   run = {str(c.claim_id): h for c, h in zip(claims, hits)}
