@@ -41,7 +41,9 @@ def get_config(variant: str = "tiny"):
     c.total_steps = 120
     c.batch_size = 32
     c.log_every = 20
-    c.eval_every = 60
+    # One dev search, at the end: each encodes the 53k-sentence KB (2.5 minutes on 2 cores),
+    # and the step-60 one never won (dev recall@10 0.941 at 60, 0.949 at 120).
+    c.eval_every = 120
     c.checkpoint_every = 60
     c.optimizer.learning_rate = 5e-5
     c.optimizer.warmup_steps = 12

@@ -42,7 +42,10 @@ def get_config(variant: str = "tiny"):
     c.verify.max_images = 2
   elif variant == "small":
     c.data.scale = "small"
-    c.total_steps = 600
+    # Constant lr, so a shorter run is the longer one's first steps: with 600 steps the best
+    # dev macro F1 of every mode came at step <= 400 (text+image 300, text 400, image 400,
+    # none 200), so 400 keeps the same checkpoints and saves ~5 minutes.
+    c.total_steps = 400
     c.batch_size = 32
     c.log_every = 50
     c.eval_every = 100

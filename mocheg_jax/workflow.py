@@ -22,6 +22,7 @@ from mocheg_jax.data import stats as stats_lib
 from mocheg_jax.data.mocheg import SPLITS, MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.explanation import stage as explanation_stage
+from mocheg_jax.parallel import distributed
 from mocheg_jax.pipeline import fact_checker
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.pipeline import report as report_lib
@@ -116,8 +117,9 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
     summary["timings_s"][name] = round(time.perf_counter() - start, 2)
     return out
 
-  data = timed("prepare", lambda: prepare_lib.prepare(workdir, release=release or None,
-                                                       scale=scale, seed=seed, log=log))
+  data = timed("prepare", lambda: distributed.primary_first(
+      "prepare", lambda: prepare_lib.prepare(workdir, release=release or None, scale=scale,
+                                             seed=seed, log=log)))
   release = MochegRelease(data.release)
   per_split = {s: stats_lib.split_stats(release.claims(s)) for s in SPLITS}
   kb = timed("kb_stats", lambda: stats_lib.kb_stats(release))
@@ -148,12 +150,16 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
       workdir, scale, seed, log, **stage_inputs))
   summary["explanation"] = explanation["rows"]
   summary["explanation_classifier"] = explanation["classifier"]
-  manifest_lib.write_manifest(workdir, scale=scale, seed=seed, release=summary["release"])
-  summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
-      workdir, release, log))
-  report = report_lib.write_report(workdir, summary, log=log)
-  log(f"report: {os.path.join(workdir, 'report.md')} ({len(report['plots'])} plots)")
 
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2, default=list)
-  return summary
+  def publish() -> dict:
+    manifest_lib.write_manifest(workdir, scale=scale, seed=seed, release=summary["release"])
+    summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
+        workdir, release, log))
+    report = report_lib.write_report(workdir, summary, log=log)
+    log(f"report: {os.path.join(workdir, 'report.md')} ({len(report['plots'])} plots)")
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2, default=list)
+    return summary
+
+  # Every process returns process 0's summary.
+  return distributed.primary_only("publish", publish)

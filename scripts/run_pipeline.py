@@ -15,6 +15,7 @@ import ast
 from absl import app, flags
 
 from mocheg_jax import workflow
+from mocheg_jax.parallel import distributed
 from mocheg_jax.utils.cli import friendly_errors
 
 _SCALE = flags.DEFINE_enum("scale", "tiny", ["tiny", "small", "paper"],
@@ -29,6 +30,14 @@ flags.DEFINE_string("bert", "", "Local HF BERT folder of the truthfulness "
                             "classifier (required by --scale=paper).")
 flags.DEFINE_string("bart", "", "Local HF BART folder of the generator (required by "
                             "--scale=paper).")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", list(distributed.MODES),
+    "Start jax.distributed: auto (when the environment is a multi-process job: Cloud TPU "
+    "pod, SLURM, Open MPI, JAX_COORDINATOR_ADDRESS, or the flags below are given), on, off.")
+_COORDINATOR = flags.DEFINE_string("coordinator", "", "host:port of process 0's "
+                                   "coordinator (multi-process runs outside a scheduler).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes in the job (0: detect).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (-1: detect).")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "CONFIG:dotted.key=value, set in configs/CONFIG.py:SCALE for the stage "
     "that uses it (value: a Python literal, else a string); repeatable.")
@@ -50,6 +59,10 @@ def parse_override(text: str) -> tuple[str, str, object]:
 @friendly_errors
 def main(argv):
   del argv
+  # Before anything touches the devices. Every process runs this same command; the
+  # stages then train together and process 0 writes the shared outputs.
+  distributed.maybe_initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                               _PROCESS_ID.value)
   overrides: dict[str, dict] = {}
   for (name, key), flag in workflow.PAPER_REQUIRED.items():  # --clip, --bert, --bart.
     folder = flags.FLAGS[flag.lstrip("-")].value

@@ -374,6 +374,22 @@ def test_detect_multiprocess_bad_value_is_named():
 def test_single_process_helpers():
   assert distributed.is_primary()
   distributed.sync("test")  # One process: returns at once.
+  assert distributed.primary_only("block", lambda: 7) == 7
+  assert distributed.primary_first("block", lambda: 8) == 8
+
+
+def test_place_lays_out_arrays_and_prng_keys():
+  mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+  rows = NamedSharding(mesh, P("data"))
+  tree = {"w": np.arange(16, dtype=np.float32).reshape(8, 2), "nothing": None}
+  out = distributed.place(tree, rows)
+  assert out["w"].sharding == rows and out["nothing"] is None
+  np.testing.assert_array_equal(np.asarray(out["w"]), tree["w"])
+  tree = {"key": jax.random.key(3)}  # A module's RNG stream, as in a task's constants.
+  out = distributed.place(tree, NamedSharding(mesh, P()))
+  assert jax.dtypes.issubdtype(out["key"].dtype, jax.dtypes.prng_key)
+  np.testing.assert_array_equal(jax.random.key_data(out["key"]),
+                                jax.random.key_data(tree["key"]))
 
 
 def test_grids_fall_back_to_plain_layouts_when_mesh_utils_refuses(monkeypatch):

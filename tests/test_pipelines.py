@@ -119,7 +119,7 @@ def test_deterministic_and_resumable(setup):
     np.testing.assert_array_equal(a["positive_ids"], b["positive_ids"])
 
 
-def test_process_shards_are_disjoint(setup):
+def test_process_shards_are_disjoint_and_make_the_one_process_batches(setup):
   data_dir, wp, _ = setup
   ids = []
   for index in range(2):
@@ -129,6 +129,17 @@ def test_process_shards_are_disjoint(setup):
                                max_claim_len=8, max_evidence_len=8, image_size=8)
     ids.append({int(b["claim_id"][0]) for b in p})
   assert ids[0].isdisjoint(ids[1]) and ids[0] | ids[1] == {1, 2, 4}
+
+  # Forever, shuffled and transformed: process 0's row then process 1's make each global
+  # batch of 2 of one process (so training does not depend on the number of processes).
+  make = lambda batch, index, count: pipelines.text_retrieval(  # noqa: E731
+      data_dir, "train", wp, _loader(batch_size=batch, shard_index=index, shard_count=count),
+      max_query_len=8, max_doc_len=8)
+  halves = [iter(make(1, i, 2)) for i in range(2)]
+  for whole in _batches(make(2, 0, 1), 6):
+    parts = [next(h) for h in halves]
+    for key, value in whole.items():
+      np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), value, key)
 
 
 def test_worker_processes_give_the_same_batches(setup):

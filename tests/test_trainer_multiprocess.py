@@ -15,12 +15,7 @@ The runs share a persistent compilation cache, so the rerun does not compile its
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +24,8 @@ from flax import traverse_util
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.loop import CHECKPOINT_DIR
 from mocheg_jax.train.writer import read_metrics
+from tests.processes import REPO, Runs, environment, free_port, process_flags
 
-REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240  # Per run; the whole test takes about a minute on an idle 2-core machine.
 STEPS, CHECKPOINT_EVERY = 6, 3
 RTOL = 1e-5
@@ -42,94 +37,13 @@ _COMMON_FLAGS = (f"--config={REPO / 'tests' / 'toy_task.py'}",
                  "--config.mesh.data=-1")
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
-def _env(devices: int, cache_dir: Path) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items()
-         # Nothing may make the reference think it is part of a multi-process job.
-         if not k.startswith(("JAX_COORDINATOR", "SLURM_", "OMPI_", "MEGASCALE_"))}
-  env.update(
-      # XLA's costly CPU optimisations off: they take most of the compile time, which is
-      # most of each run (both sides of every comparison compile alike).
-      XLA_FLAGS=(f"--xla_force_host_platform_device_count={devices} "
-                 "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"),
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p]),
-      JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return env
-
-
-class _Runs:
-  """Subprocesses started together, waited for with one deadline, killed if left over."""
-
-  def __init__(self, log_dir: Path):
-    self.log_dir = log_dir
-    self.procs: list[tuple[str, subprocess.Popen, Path, Path]] = []
-
-  def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
-    out, err = self.log_dir / f"{name}.out", self.log_dir / f"{name}.err"
-    with open(out, "wb") as o, open(err, "wb") as e:
-      proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *args],
-                              cwd=REPO, env=env, stdout=o, stderr=e,
-                              stdin=subprocess.DEVNULL)
-    self.procs.append((name, proc, out, err))
-
-  def _report(self) -> str:
-    parts = []
-    for name, proc, out, err in self.procs:
-      parts.append(f"===== {name}: exit {proc.returncode}\n--- stdout\n"
-                   f"{out.read_text(errors='replace')[-4000:]}\n--- stderr\n"
-                   f"{err.read_text(errors='replace')[-8000:]}")
-    return "\n".join(parts)
-
-  def wait(self) -> dict[str, str]:
-    """Waits for every run; fails (with all their output) on a timeout or a non-zero exit.
-
-    A failed process ends the wait at once (its peer would otherwise block in a collective
-    until the timeout).
-
-    Returns:
-      {name: stdout}.
-    """
-    deadline = time.monotonic() + TIMEOUT_S
-    procs = [proc for _, proc, _, _ in self.procs]
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-      if any(p.returncode not in (None, 0) for p in procs):
-        break
-      time.sleep(0.2)
-    timed_out = [name for name, proc, _, _ in self.procs if proc.poll() is None]
-    self.kill()
-    if any(proc.returncode != 0 for proc in procs):
-      why = (f"timed out after {TIMEOUT_S} s: {timed_out}"
-             if time.monotonic() >= deadline else "failed")
-      raise AssertionError(f"training run(s) {why}\n{self._report()}")
-    outputs = {name: out.read_text() for name, _, out, _ in self.procs}
-    self.procs = []
-    return outputs
-
-  def kill(self) -> None:
-    for _, proc, _, _ in self.procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-
-
-def _start_two_processes(runs: _Runs, workdir: Path, cache_dir: Path, tag: str) -> None:
-  coordinator = f"localhost:{_free_port()}"
+def _start_two_processes(runs: Runs, workdir: Path, cache_dir: Path, tag: str) -> None:
+  coordinator = f"localhost:{free_port()}"
   for process in range(2):
-    runs.start(f"{tag}_process{process}",
+    runs.start(f"{tag}_process{process}", "scripts/train.py",
                [*_COMMON_FLAGS, f"--workdir={workdir}",
-                "--config.distributed.mode=on",
-                f"--config.distributed.coordinator={coordinator}",
-                "--config.distributed.num_processes=2",
-                f"--config.distributed.process_id={process}"],
-               _env(2, cache_dir))
+                *process_flags(coordinator, 2, process)],
+               environment(2, cache_dir))
 
 
 def _reported(stdout: str) -> list[dict]:
@@ -162,13 +76,14 @@ def test_two_processes_match_one_and_resume(tmp_path):
   multi, single = tmp_path / "two_processes", tmp_path / "one_process"
   logs = tmp_path / "logs"
   logs.mkdir()
-  runs = _Runs(logs)
+  runs = Runs(logs, TIMEOUT_S)
   try:
     # All three processes at once: the 2-process run spends much of its time waiting on
     # the coordinator and gloo, which the reference fills.
     _start_two_processes(runs, multi, cache_dir, "first")
-    runs.start("reference", [*_COMMON_FLAGS, f"--workdir={single}",
-                             "--config.distributed.mode=off"], _env(4, cache_dir))
+    runs.start("reference", "scripts/train.py", [*_COMMON_FLAGS, f"--workdir={single}",
+                                         "--config.distributed.mode=off"],
+               environment(4, cache_dir))
     outputs = runs.wait()
 
     # Only process 0 reports (gloo's own "[Gloo] Rank ..." lines come from both).

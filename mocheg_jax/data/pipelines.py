@@ -38,14 +38,15 @@ class LoaderConfig:
   num_epochs: int | None = None  # None: repeat forever (training); 1 for evaluation.
   drop_remainder: bool = True
   worker_count: int = 0  # grain worker processes; 0 transforms in the main process.
-  shard_index: int | None = None  # Default: jax.process_index().
-  shard_count: int | None = None  # Default: jax.process_count().
+  # This process's share (process_batches): default jax.process_index() / process_count().
+  shard_index: int | None = None
+  shard_count: int | None = None
 
 
 @dataclasses.dataclass
 class Pipeline:
   dataset: grain.IterDataset
-  num_records: int  # Records this process reads per epoch.
+  num_records: int  # Usable records of the split (all processes together).
   skipped: int  # Records of the split that the task cannot use (all processes).
   skip_reason: str
 
@@ -96,6 +97,27 @@ def _encode(tokenizer_dir: str, text: str, max_len: int) -> tuple[np.ndarray, np
           np.asarray(enc["attention_mask"], np.int32))
 
 
+def process_batches(ds: grain.MapDataset, local_batch: int, drop_remainder: bool = True,
+                    shard_index: int | None = None,
+                    shard_count: int | None = None) -> grain.MapDataset:
+  """This process's rows of every global batch of `ds` (examples in their global order).
+
+  Global batch k is local batches k * shard_count ... k * shard_count + shard_count - 1,
+  one per process in process order (as distributed.global_batch assembles them), so the
+  global batches, and with them training, do not depend on the number of processes. Each
+  process reads only its own rows (MapDataset is lazy).
+
+  Args:
+    shard_index, shard_count: default jax.process_index() / jax.process_count().
+  """
+  if shard_index is None or shard_count is None:
+    import jax  # Only for the process layout; data code runs without devices otherwise.
+    shard_index, shard_count = jax.process_index(), jax.process_count()
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f"shard_index {shard_index} is not in [0, {shard_count})")
+  return ds.batch(local_batch, drop_remainder=drop_remainder)[shard_index::shard_count]
+
+
 def _source(data_dir: str, config: str, split: str):
   return tfds_mocheg.load(data_dir, config).as_data_source()[split]
 
@@ -104,20 +126,15 @@ def _make_pipeline(source, keep: Callable[[Example], bool], skip_reason: str,
                    transform: Callable[[Example, np.random.Generator], Example],
                    loader: LoaderConfig) -> Pipeline:
   eligible = [i for i in range(len(source)) if keep(source[i])]
-  if loader.shard_index is None or loader.shard_count is None:
-    import jax  # Only for the process layout; data code runs without devices otherwise.
-    shard_index, shard_count = jax.process_index(), jax.process_count()
-  else:
-    shard_index, shard_count = loader.shard_index, loader.shard_count
-  shard = eligible[shard_index::shard_count]
-  if not shard:
-    raise ValueError(f"no usable records in this shard ({skip_reason}: all "
-                     f"{len(source)} records of the split were skipped)")
-  ds = grain.MapDataset.source(_Subset(source, shard)).seed(loader.seed)
+  if not eligible:
+    raise ValueError(f"no usable records ({skip_reason}: all {len(source)} records of the "
+                     "split were skipped)")
+  ds = grain.MapDataset.source(_Subset(source, eligible)).seed(loader.seed)
   if loader.shuffle:
     ds = ds.shuffle()
-  ds = ds.repeat(loader.num_epochs)
-  ds = ds.random_map(transform).batch(loader.batch_size, drop_remainder=loader.drop_remainder)
+  ds = ds.repeat(loader.num_epochs).random_map(transform)
+  ds = process_batches(ds, loader.batch_size, loader.drop_remainder, loader.shard_index,
+                       loader.shard_count)
   iter_ds = ds.to_iter_dataset()
   if loader.worker_count > 0:
     # grain's workers read absl flags; outside an absl app (notebooks, pytest) nothing has
@@ -125,7 +142,7 @@ def _make_pipeline(source, keep: Callable[[Example], bool], skip_reason: str,
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
     iter_ds = iter_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=loader.worker_count))
-  return Pipeline(iter_ds, len(shard), len(source) - len(eligible), skip_reason)
+  return Pipeline(iter_ds, len(eligible), len(source) - len(eligible), skip_reason)
 
 
 # ---- text retrieval: (claim, positive sentence, hard negative) ---------------------------

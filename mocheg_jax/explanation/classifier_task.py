@@ -24,12 +24,12 @@ import os
 from typing import Any, Callable, Sequence
 
 import grain
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
 
+from mocheg_jax.data import pipelines
 from mocheg_jax.data import prepare as prepare_lib
 from mocheg_jax.data.labels import LABEL_NAMES, NUM_CLASSES
 from mocheg_jax.data.mocheg import CLAIMS_FILE, MochegRelease
@@ -363,12 +363,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     if distributed.is_primary():
       print(f"classifier train data: {len(ids)} explanations padded to {ids.shape[1]} tokens; "
             f"{cut} longer than {c.max_len} cut on the {c.truncation_side}")
-    rows = np.arange(len(ids))[jax.process_index()::jax.process_count()]
-    if not len(rows):
-      raise ValueError(f"no training explanations for process {jax.process_index()}")
-    source_ds = _Examples(ids[rows], mask[rows], train.labels[rows])
+    source_ds = _Examples(ids, mask, train.labels)
     ds = grain.MapDataset.source(source_ds).seed(seed).shuffle().repeat(None)
-    return iter(ds.batch(local_batch, drop_remainder=True).to_iter_dataset())
+    return iter(pipelines.process_batches(ds, local_batch).to_iter_dataset())
 
   def dev_scores(model: classifier_lib.TruthfulnessClassifier, step: int):
     del step

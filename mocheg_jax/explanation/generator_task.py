@@ -333,7 +333,7 @@ def _dev_evaluator(explainer: Explainer, claims: Sequence[Claim],
     if reward_model is not None:
       agree = _agreement(reward_model, jnp.asarray(ids), jnp.asarray(mask),
                          jnp.asarray(labels))
-      yield "classifier_agreement", float(np.mean(np.asarray(agree)))
+      yield "classifier_agreement", float(np.mean(distributed.to_host(agree)))
 
   return run
 

@@ -37,6 +37,7 @@ from mocheg_jax.explanation import classifier_task
 from mocheg_jax.explanation import inputs as inputs_lib
 from mocheg_jax.explanation import table5
 from mocheg_jax.models import encoding
+from mocheg_jax.parallel import distributed
 from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.utils import configs
@@ -224,6 +225,22 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)
   train("classifier", classifier_config(scale, workdir, seed, **inputs), classifier_dir)
+  for folder, rewarded in GENERATORS.values():
+    train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
+                                   **inputs), os.path.join(stages, folder))
+  # The trainings above are collective; generating and scoring is process 0's alone.
+  out = distributed.primary_only("explanation_stage", lambda: _evaluate(
+      workdir, reader, classifier_dir, system_evidence, system_labels, log))
+  log("explanation trainings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
+  return {**out, "timings_s": timings}
+
+
+def _evaluate(workdir: str, reader: MochegRelease, classifier_dir: str,
+              system_evidence: str, system_labels: str,
+              log: Callable[[str], None]) -> dict:
+  """Generates with both trained generators in the four settings, scores them and the
+  baselines, and writes Table 5."""
+  stages = os.path.join(workdir, "stages")
   classifier = classifier_task.load_classifier(classifier_dir)
   gold = classifier_task.read_explanations(reader, SPLIT)
   classifier_scores = {"claims": len(gold.labels), "step": classifier.step,
@@ -247,11 +264,8 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   out_dir = os.path.join(workdir, EXPLANATIONS_DIR)
 
   rows = []
-  for system, (folder, rewarded) in GENERATORS.items():
-    where = os.path.join(stages, folder)
-    train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
-                                   **inputs), where)
-    trained = load_trained(where)
+  for system, (folder, _) in GENERATORS.items():
+    trained = load_trained(os.path.join(stages, folder))
     tokenizer = trained.task.inference.tokenizer
     for (e, l), x in settings.items():
       start = time.perf_counter()
@@ -281,6 +295,4 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   markdown = table5.format_table(rows) + "\n" + format_agreement(rows, classifier_scores)
   _write_markdown(os.path.join(workdir, table5.TABLE_MD), markdown)
   log(f"\nTable 5 ({SPLIT} split, synthetic world):\n" + markdown)
-  log("explanation trainings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
-  return {"rows": rows, "table": markdown, "classifier": classifier_scores,
-          "timings_s": timings}
+  return {"rows": rows, "table": markdown, "classifier": classifier_scores}

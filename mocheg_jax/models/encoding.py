@@ -31,6 +31,7 @@ from PIL import Image
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.vision import decode_image
 from mocheg_jax.models import clip
+from mocheg_jax.parallel import distributed
 
 MIN_BUCKET = 8
 # ids [B, L] int32, mask [B, L] int32 (1 = token) -> embeddings [B, D] (dispatched, not read).
@@ -86,7 +87,8 @@ def _run_chunks(count: int, chunk_size: int, dispatch: Callable[[int], Pending],
   for start in range(chunk_size, count + chunk_size, chunk_size):
     following = dispatch(start) if start < count else []
     for rows, result, lengths in pending:
-      sink(rows, np.asarray(result)[:len(rows)], lengths)
+      # During training the parameters span every process's devices: gather (collective).
+      sink(rows, distributed.to_host(result)[:len(rows)], lengths)
     pending = following
 
 

@@ -1,4 +1,5 @@
-"""Multi-process JAX: start-up, the primary process, global batches, barriers.
+"""Multi-process JAX: start-up, the primary process, global batches, barriers, and the
+blocks that process 0 runs alone while the others wait (primary_only, primary_first).
 
 One process per host (TPU VM worker, GPU node or SLURM task) runs the same program; after
 jax.distributed.initialize every process sees all devices of the job in jax.devices() and
@@ -8,19 +9,27 @@ every function here is then a cheap no-op or a plain device_put.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from typing import Mapping
+import pickle
+from typing import Callable, Mapping, TypeVar
 
 import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 MODES = ("auto", "on", "off")
+# How long the other processes wait for process 0's single-writer work (indexing a
+# 2.8M-sentence KB, scoring every test claim); a collective barrier would time out first.
+PRIMARY_WORK_TIMEOUT_S = 24 * 3600
 
 _initialized = False  # Set once this module has called jax.distributed.initialize.
+_alone = False  # True inside primary_only: process 0 runs that block by itself.
+_blocks = 0  # primary_only blocks entered so far: the same sequence on every process.
+T = TypeVar("T")
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int | None:
@@ -179,10 +188,97 @@ def global_batch(local: Mapping[str, np.ndarray],
   return out
 
 
+def place(tree, sharding: NamedSharding):
+  """Every leaf (the same host value on every process) laid out with `sharding`, which may
+  span other processes' devices (jax.device_put only places on this process's).
+
+  Each process builds the shards of its own devices from its copy of the value."""
+  def one(leaf):
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
+                                                               jax.dtypes.prng_key):
+      # A typed PRNG key (a module's RNG stream) has no numpy form: place its raw data.
+      return jax.random.wrap_key_data(one(jax.random.key_data(leaf)),
+                                      impl=jax.random.key_impl(leaf))
+    value = np.asarray(leaf)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+  return jax.tree.map(one, tree)
+
+
 def sync(name: str) -> None:
-  """Waits until every process reaches the barrier `name` (nothing to wait for alone)."""
-  if jax.process_count() > 1:
+  """Waits until every process reaches the barrier `name` (nothing to wait for alone, or
+  inside a primary_only block, which the other processes do not enter)."""
+  if jax.process_count() > 1 and not _alone:
     multihost_utils.sync_global_devices(name)
+
+
+def _coordination_client():
+  from jax._src import distributed as jax_distributed  # The key-value store has no public API.
+  client = jax_distributed.global_state.client
+  if client is None:
+    raise RuntimeError("a multi-process JAX job without a distributed client")
+  return client
+
+
+@contextlib.contextmanager
+def _running_alone():
+  """Barriers off, and an ambient global mesh (a training's jax.set_mesh) swapped for a
+  one-device mesh of this process with the same axis names: computations stay local."""
+  global _alone
+  ambient = jax.sharding.get_abstract_mesh()
+  mesh = contextlib.nullcontext()
+  if not ambient.empty:
+    device = np.asarray(jax.local_devices()[:1]).reshape((1,) * len(ambient.axis_names))
+    mesh = jax.set_mesh(Mesh(device, ambient.axis_names, axis_types=ambient.axis_types))
+  _alone = True
+  try:
+    with mesh:
+      yield
+  finally:
+    _alone = False
+
+
+def primary_only(name: str, fn: Callable[[], T]) -> T:
+  """`fn()` run by process 0 alone; every process gets its (picklable) result.
+
+  For single-writer work that needs no other process: a stage's indexing, searching,
+  scoring and file writing after its trainings (which every process takes part in). The
+  others wait on the coordination service's key-value store, not on a device collective,
+  so process 0 may take hours. Inside the block, barriers are skipped and is_primary() is
+  True, so code shared with the trainings (a feature store that process 0 writes) works
+  alone. Must not run device collectives: models must be process-local (load_trained).
+
+  Raises:
+    RuntimeError: on the other processes, when process 0 failed in the block (process 0
+      raises its own error).
+  """
+  global _blocks
+  if jax.process_count() == 1 or _alone:
+    return fn()
+  _blocks += 1
+  key = f"mocheg_jax/primary_only/{_blocks}/{name}"
+  client = _coordination_client()
+  if is_primary():
+    try:
+      with _running_alone():
+        result = fn()
+    except BaseException as e:
+      client.key_value_set_bytes(key, pickle.dumps(("error", f"{type(e).__name__}: {e}")))
+      raise
+    client.key_value_set_bytes(key, pickle.dumps(("ok", result)))
+    return result
+  status, value = pickle.loads(client.blocking_key_value_get_bytes(
+      key, PRIMARY_WORK_TIMEOUT_S * 1000))
+  if status != "ok":
+    raise RuntimeError(f"process 0 failed in {name!r}: {value}")
+  return value
+
+
+def primary_first(name: str, fn: Callable[[], T]) -> T:
+  """`fn()` on process 0, then on the others: for work that writes shared files once
+  (preparing the data) and that `fn` reuses when it finds them finished."""
+  done = []  # Process 0's result; its block shares nothing (the result may not pickle).
+  primary_only(name, lambda: done.append(fn()))
+  return done[0] if done else fn()
 
 
 def to_host(x: jax.Array | np.ndarray) -> np.ndarray:

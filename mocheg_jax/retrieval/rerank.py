@@ -266,14 +266,16 @@ def cached_mining(path: str, settings: dict[str, Any], make: Callable[[], dict],
                              "differ from the config); delete it or use a new workdir")
     return cached
 
-  if distributed.is_primary() and read() is None:
-    mined = {"settings": settings, **make()}
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(mined, f)
-    os.replace(tmp, path)
-    log(f"rerank: mined negatives written to {path}")
-  distributed.sync("rerank_mining")
+  def mine() -> None:
+    if read() is None:
+      mined = {"settings": settings, **make()}
+      tmp = f"{path}.tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(mined, f)
+      os.replace(tmp, path)
+      log(f"rerank: mined negatives written to {path}")
+
+  distributed.primary_only("rerank_mining", mine)  # The others wait for the file.
   return read()
 
 
@@ -411,7 +413,7 @@ def score_pairs(model: bert.CrossEncoder, tokenizer, queries: Sequence[str],
               ids[r], types[r], 1)
         dispatched.append((rows + start, forward(state, batch, mask, kinds)))
     for rows, result in pending:
-      out[rows] = np.asarray(result)[:len(rows)]
+      out[rows] = distributed.to_host(result)[:len(rows)]
     pending = dispatched
   return out
 

@@ -133,8 +133,9 @@ def chunk_step(mesh: jax.sharding.Mesh, rows: int, k: int, dtype: jnp.dtype, app
 
 
 def _default_mesh() -> jax.sharding.Mesh:
+  """This process's devices: in a multi-process job each process searches alone."""
   from mocheg_jax.parallel import mesh as mesh_lib
-  return mesh_lib.make_mesh(mesh_lib.default_config())
+  return mesh_lib.make_mesh(mesh_lib.default_config(), jax.local_devices())
 
 
 def _round_up(x: int, m: int) -> int:
@@ -175,7 +176,8 @@ def top_k(queries: np.ndarray, index: EmbeddingIndex | np.ndarray, k: int, *,
     queries: [Q, D] float.
     index: an EmbeddingIndex (streamed from disk) or an [N, D] array.
     k: results per query; capped at N.
-    mesh: the devices to shard each chunk over (every axis, flattened); None: all devices.
+    mesh: the devices to shard each chunk over (every axis, flattened); None: this
+      process's devices.
     chunk_size: corpus rows per step, over all devices. Memory holds about two chunks
       (stored dtype) and one [query_batch, chunk_size] float32 score matrix.
     query_batch: the most queries per step; batches are equalised (2,442 queries with

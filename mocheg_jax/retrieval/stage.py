@@ -15,6 +15,7 @@ import os
 from typing import Callable
 
 from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import bm25 as bm25_lib
 from mocheg_jax.retrieval import system
 from mocheg_jax.retrieval import table3
@@ -47,6 +48,19 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   release_dir = configs.release_dir(workdir, release)
   stage_config = functools.partial(configs.stage_config, scale=scale, workdir=workdir,
                                    seed=seed, release=release, overrides=overrides)
+  text_dir = _train("retrieval_text", stage_config("retrieval_text"), workdir, log)
+  rerank_config = stage_config("rerank")
+  rerank_config.rerank.retriever = text_dir  # Hard negatives mined with our bi-encoder.
+  rerank_dir = _train("rerank", rerank_config, workdir, log)
+  image_dir = _train("retrieval_image", stage_config("retrieval_image"), workdir, log)
+  # The trainings above are collective; the rest is process 0's alone.
+  return distributed.primary_only("retrieval_stage", lambda: _evaluate(
+      workdir, text_dir, rerank_dir, image_dir, stage_config("retrieval_text"), release_dir, log))
+
+
+def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
+              text_config, release_dir: str, log: Callable[[str], None]) -> dict:
+  """Indexes and searches with the trained models, writes the runs and Table 3."""
   reader = MochegRelease(release_dir)
   claims = reader.claims(SPLIT)
   claim_ids = [str(c.claim_id) for c in claims]
@@ -63,21 +77,15 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   bm25 = bm25_lib.BM25.build(kb.ids, kb.items)
   score("BM25", {"text": dict(zip(claim_ids, bm25.search([c.claim for c in claims], TOP_K)))})
-
-  text_dir = _train("retrieval_text", stage_config("retrieval_text"), workdir,
-                    log)
   text = load_trained(text_dir)
   encode_text = lambda items: text.task.inference.encode_documents(text.model, items)
-  zero = untrained(stage_config("retrieval_text"), text_dir)
+  zero = untrained(text_config, text_dir)
   score("SBERT zero-shot", {"text": _dense_run(
       zero, os.path.join(workdir, "index", "text_zero_shot"), release_dir)},
       {"text": encode_text})
   text_run = _dense_run(text, os.path.join(workdir, "index", "text"), release_dir)
   score("SBERT fine-tuned", {"text": text_run}, {"text": encode_text})
 
-  rerank_config = stage_config("rerank")
-  rerank_config.rerank.retriever = text_dir  # Hard negatives mined with our bi-encoder.
-  rerank_dir = _train("rerank", rerank_config, workdir, log)
   reranked = system.search_claims(
       text, system.open_index(text, os.path.join(workdir, "index", "text")), release_dir,
       SPLIT, TOP_K, rerank=system.load_reranker(rerank_dir, "text", release_dir),
@@ -86,8 +94,6 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
                        results_path=results_csv, release_dir=release_dir, tag="rerank")
   score("SBERT + rerank", {"text": reranked}, {"text": encode_text})
 
-  image_dir = _train("retrieval_image", stage_config("retrieval_image"),
-                     workdir, log)
   image = load_trained(image_dir)
   image_run = _dense_run(image, os.path.join(workdir, "index", "image"), release_dir)
   system.write_outputs(image_run, "image", run_path=os.path.join(runs_dir, "image.run"),

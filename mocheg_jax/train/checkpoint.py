@@ -61,6 +61,17 @@ class _IteratorRestorer:
       self._iterator.start_prefetch()
 
 
+def _reader_options() -> ocp.options.MultiprocessingOptions:
+  """A reader that is this process alone: in a multi-process job only process 0 may be
+  restoring a model for inference (distributed.primary_only), so orbax must not wait for
+  the others at its barriers."""
+  if jax.process_count() == 1:
+    return ocp.options.MultiprocessingOptions()
+  me = jax.process_index()
+  return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
+                                            barrier_sync_key_prefix=f"reader_{me}")
+
+
 def _has_state(iterator) -> bool:
   return iterator is not None and hasattr(iterator, "get_state") and hasattr(
       iterator, "set_state")
@@ -95,7 +106,9 @@ class Checkpointer:
         best_fn=metric if best_metric else None, best_mode=best_mode,
         preservation_policy=policies.AnyPreservationPolicy(preserve),
         enable_async_checkpointing=async_save, read_only=read_only, create=not read_only,
-        cleanup_tmp_directories=not read_only)
+        cleanup_tmp_directories=not read_only,
+        multiprocessing_options=_reader_options() if read_only else
+        ocp.options.MultiprocessingOptions())
     self._manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={STATE: ocp.PyTreeCheckpointHandler(),

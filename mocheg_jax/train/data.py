@@ -23,9 +23,5 @@ def prepared_data(config: ml_collections.ConfigDict, workdir: str,
   """
   out = config.data.dir or os.path.join(workdir, DATA_DIR)
   kwargs = dict(release=config.data.release or None, scale=config.data.scale, seed=config.seed)
-  if distributed.is_primary():
-    data = prepare_lib.prepare(out, log=log, **kwargs)
-  distributed.sync("prepared_data")
-  if not distributed.is_primary():
-    data = prepare_lib.prepare(out, log=lambda _: None, **kwargs)
-  return data
+  return distributed.primary_first("prepared_data", lambda: prepare_lib.prepare(
+      out, log=log if distributed.is_primary() else (lambda _: None), **kwargs))

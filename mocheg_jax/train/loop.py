@@ -205,8 +205,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
         out_shardings=(shardings, replicated), donate_argnums=(0,))
     rng = jax.random.key(config.seed)
     # Frozen inputs of the loss: on the devices once, a jit argument at every step.
-    constants = (jax.device_put(task.constants(), replicated) if task.constants is not None
-                 else None)
+    constants = (distributed.place(task.constants(), replicated)
+                 if task.constants is not None else None)
     config_dict = config.to_dict()
 
     def evaluate(step: int) -> dict[str, float]:

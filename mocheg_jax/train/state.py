@@ -26,6 +26,7 @@ import optax
 from flax import nnx
 from flax import traverse_util
 
+from mocheg_jax.parallel import distributed
 from mocheg_jax.parallel import rules as rules_lib
 
 Tree = Any
@@ -186,6 +187,6 @@ def load_initial_params(state: TrainState, spec: ModelSpec, values: Mapping,
     if value.shape != target[path].shape:
       raise ValueError(f"{source}: parameter {path_string(path)!r} has shape {value.shape}, "
                        f"the model expects {target[path].shape}")
-    target[path] = jax.device_put(value.astype(target[path].dtype), sharding[path])
+    target[path] = distributed.place(value.astype(target[path].dtype), sharding[path])
   return state.replace(params=traverse_util.unflatten_dict(trainable),
                        frozen=traverse_util.unflatten_dict(frozen))

@@ -39,6 +39,7 @@ from typing import Iterator, Sequence
 import grain
 import numpy as np
 
+from mocheg_jax.data import pipelines
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.verification.evidence import NUM_CLASSES, ClaimEvidence
 from mocheg_jax.verification.features import FeatureStore
@@ -172,20 +173,16 @@ class VerificationBatches:
       batch_size: claims per batch (this process's share of a global batch); the last
         incomplete batch of the stream is never reached (it repeats forever).
       seed: the shuffle seed.
-      shard_index, shard_count: this process's claims are those at index
-        shard_index::shard_count; default jax.process_index() / process_count().
+      shard_index, shard_count: this process's share of every global batch
+        (pipelines.process_batches); default jax.process_index() / process_count().
     """
     if batch_size < 1:
       raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if shard_index is None or shard_count is None:
-      import jax  # Only for the process layout.
-      shard_index, shard_count = jax.process_index(), jax.process_count()
-    indices = np.arange(len(self))[shard_index::shard_count]
-    if not len(indices):
-      raise ValueError(f"no claims for process {shard_index} of {shard_count} "
-                       f"({len(self)} claims in all)")
-    ds = grain.MapDataset.source(_Subset(self, indices)).seed(seed).shuffle().repeat(None)
-    return ds.batch(batch_size, drop_remainder=True).to_iter_dataset()
+    if not len(self):
+      raise ValueError("no claims to train on")
+    ds = grain.MapDataset.source(self).seed(seed).shuffle().repeat(None)
+    return pipelines.process_batches(ds, batch_size, True, shard_index,
+                                     shard_count).to_iter_dataset()
 
   def eval_batches(self, batch_size: int) -> Iterator[Example]:
     """Every claim once, in order; the last batch padded to `batch_size` (valid False)."""
@@ -198,16 +195,3 @@ class VerificationBatches:
         padding = padding or self.padding_example()
         rows += [padding] * (batch_size - len(rows))
       yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-
-class _Subset:
-  """Some indices of a random-access source (picklable)."""
-
-  def __init__(self, source: VerificationBatches, indices: np.ndarray):
-    self._source, self._indices = source, np.asarray(indices, np.int64)
-
-  def __len__(self) -> int:
-    return len(self._indices)
-
-  def __getitem__(self, i: int) -> Example:
-    return self._source[int(self._indices[i])]

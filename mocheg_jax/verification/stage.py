@@ -26,6 +26,7 @@ from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.synthetic import knowledge, scales
 from mocheg_jax.metrics.classification import classification_report
 from mocheg_jax.models import encoding
+from mocheg_jax.parallel import distributed
 from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.utils import configs
@@ -127,19 +128,28 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   # Only a synthetic world knows which claims state image-only facts.
   image_facts = set() if release else image_fact_claims(scale, seed)
   train_claims = MochegRelease(release_dir).claims("train")
+  stage_dirs = {}
+  for name, (use_text, use_image) in MODES.items():
+    config = _config(scale, workdir, seed, clip_dir, use_text, use_image, release, overrides)
+    stage_dirs[name] = os.path.join(workdir, "stages", f"verify_{name.replace('+', '_')}")
+    log(f"training verifier ({name} evidence) in {stage_dirs[name]}")
+    loop.train(config, stage_dirs[name], log=log)
+  # The trainings above are collective; scoring is process 0's alone.
+  return distributed.primary_only("verification_stage", lambda: _evaluate(
+      workdir, stage_dirs, system_csv, train_claims, image_facts, seed, log))
+
+
+def _evaluate(workdir: str, stage_dirs: dict[str, str], system_csv: str,
+              train_claims: Sequence, image_facts: set[int], seed: int,
+              log: Callable[[str], None]) -> dict:
+  """Scores the trained verifiers and the baselines on the test split; writes Table 4 and
+  the system labels."""
+  trained = {name: load_trained(folder) for name, folder in stage_dirs.items()}
   rows = []
 
   def add(system: str, evidence: str, claims: list[ClaimEvidence], predicted) -> None:
     rows.append(score_row(system, evidence, [c.label for c in claims], list(predicted),
                           [c.claim_id for c in claims], image_facts))
-
-  trained = {}
-  for name, (use_text, use_image) in MODES.items():
-    config = _config(scale, workdir, seed, clip_dir, use_text, use_image, release, overrides)
-    stage_dir = os.path.join(workdir, "stages", f"verify_{name.replace('+', '_')}")
-    log(f"training verifier ({name} evidence) in {stage_dir}")
-    loop.train(config, stage_dir, log=log)
-    trained[name] = load_trained(stage_dir)
 
   gold_all = trained["text+image"].task.inference.evidence(SPLIT)
   majority = baselines.majority([c.label for c in train_claims])

@@ -297,7 +297,8 @@ class Verifier:
       return self._opened
     store = _open_if_complete(self.features_dir, self.fingerprint, texts, images)
     if store is None:
-      if distributed.is_primary():
+
+      def build() -> None:
         frozen = self.clip_loader()
         v = self.config.verify
         features.build_store(self.features_dir, frozen.model, frozen.texts_tokenizer, texts,
@@ -305,7 +306,8 @@ class Verifier:
                              max_text_len=v.max_text_len, batch_size=v.encode_batch_size,
                              dtype=v.feature_dtype, text_model=frozen.text_model,
                              image_blocks=image_blocks(v, frozen.model.config.vision))
-      distributed.sync("verification-feature-store")
+
+      distributed.primary_only("verification-feature-store", build)  # The others wait.
       store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint)
     self._opened = store
     return store

@@ -1,0 +1,130 @@
+"""The tiny main job as two JAX processes (jax.distributed on CPU, gloo) against one.
+
+Two `scripts/run_pipeline.py` processes with one CPU device each run the tiny main job into
+one shared workdir, and one process with 2 fake devices runs the same command into another,
+at the same time (more devices per process cost far more time in gloo than they test). Every stage trains a few steps only (the
+trainings are the collective part; the rest runs on process 0 alone). The two runs must
+end with the same parameters in every stage, the same runs, labels and explanations, the
+same tables, and one report and manifest written by process 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+from flax import traverse_util
+
+from mocheg_jax.train.checkpoint import Checkpointer
+from mocheg_jax.train.loop import CHECKPOINT_DIR
+from tests.processes import Runs, environment, free_port, process_flags
+
+TIMEOUT_S = 1800  # About 10 minutes on an idle 2-core machine (compiling dominates).
+STEPS = 4
+RTOL, ATOL = 1e-4, 1e-6
+STAGES = ("retrieval_text", "rerank", "retrieval_image", "verify_text_image", "verify_text",
+          "verify_image", "verify_none", "explain_classifier", "explain_nll",
+          "explain_reinforce")
+_OVERRIDES = [f"--override={name}:{key}={value}"
+              for name in ("retrieval_text", "rerank", "retrieval_image", "verify",
+                           "classifier", "explain")
+              for key, value in (("total_steps", STEPS), ("checkpoint_every", STEPS),
+                                 ("optimizer.warmup_steps", 1))] + [
+                  "--override=explain:explain.sc_start_step=2"]  # The reward term runs too.
+
+
+def _params(stage_dir: Path) -> dict[str, np.ndarray]:
+  with Checkpointer(str(stage_dir / CHECKPOINT_DIR), read_only=True) as checkpoints:
+    assert checkpoints.latest_step() == STEPS, (stage_dir, checkpoints.all_steps())
+    params = checkpoints.restore_params(STEPS)
+  return {".".join(map(str, k)): np.asarray(v)
+          for k, v in traverse_util.flatten_dict(params).items()}
+
+
+def _ranking(run_file: Path) -> dict[str, list[tuple[float, str]]]:
+  """Per query, (score, document) best first; documents with equal scores (duplicate
+  sentences: their order follows the first stage's, which float noise may swap) by id."""
+  out: dict[str, list[tuple[float, str]]] = {}
+  for line in run_file.read_text().splitlines():
+    query, _, doc, _, score, _ = line.split()
+    out.setdefault(query, []).append((float(score), doc))
+  return {q: sorted(e, key=lambda x: (-round(x[0], 6), x[1])) for q, e in out.items()}
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+  with open(path, newline="", encoding="utf-8") as f:
+    return list(csv.DictReader(f))
+
+
+def _assert_numbers_close(a, b, where: str) -> None:
+  """Equal JSON trees, numbers within RTOL / ATOL."""
+  if isinstance(a, dict):
+    assert isinstance(b, dict) and sorted(a) == sorted(b), where
+    for key in a:
+      if not key.endswith("_s"):  # Wall times (generation_s) differ run to run.
+        _assert_numbers_close(a[key], b[key], f"{where}.{key}")
+  elif isinstance(a, list):
+    assert isinstance(b, list) and len(a) == len(b), where
+    for i, (x, y) in enumerate(zip(a, b)):
+      _assert_numbers_close(x, y, f"{where}[{i}]")
+  elif isinstance(a, float) and isinstance(b, (int, float)):
+    np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL, err_msg=where)
+  else:
+    assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def test_two_processes_run_the_main_job_like_one(tmp_path):
+  cache_dir, logs = tmp_path / "jax_cache", tmp_path / "logs"
+  multi, single = tmp_path / "two_processes", tmp_path / "one_process"
+  logs.mkdir()
+  runs = Runs(logs, TIMEOUT_S)
+  common = ["--scale=tiny", *_OVERRIDES]
+  coordinator = f"localhost:{free_port()}"
+  try:
+    for process in range(2):
+      runs.start(f"process{process}", "scripts/run_pipeline.py",
+                 [*common, f"--workdir={multi}",
+                  *process_flags(coordinator, 2, process, style="flags")],
+                 environment(1, cache_dir))
+    runs.start("reference", "scripts/run_pipeline.py",
+               [*common, f"--workdir={single}", "--distributed=off"],
+               environment(2, cache_dir))
+    outputs = runs.wait()
+  finally:
+    runs.kill()
+  _assert_same_results(single, multi)
+  # Process 0 alone fact-checks the sample claims and prints the tables.
+  assert '{"claim": ' in outputs["process0"] and '{"claim": ' not in outputs["process1"]
+  assert "Table 5" in outputs["process0"] and "Table 5" not in outputs["process1"]
+
+
+def _assert_same_results(single: Path, multi: Path) -> None:
+  for name in STAGES:
+    reference, params = _params(single / "stages" / name), _params(multi / "stages" / name)
+    assert sorted(params) == sorted(reference), name
+    for key, value in reference.items():
+      np.testing.assert_allclose(params[key], value, rtol=RTOL, atol=ATOL,
+                                 err_msg=f"{name}: parameter {key}")
+
+  for table in ("table3.json", "table4.json", "table5.json"):
+    _assert_numbers_close(json.loads((single / table).read_text()),
+                          json.loads((multi / table).read_text()), table)
+  for run in ("text.run", "image.run"):
+    reference, ranked = _ranking(single / "runs" / run), _ranking(multi / "runs" / run)
+    assert sorted(ranked) == sorted(reference), run
+    for query, entries in reference.items():
+      assert [d for _, d in ranked[query]] == [d for _, d in entries], (run, query)
+      np.testing.assert_allclose([s for s, _ in ranked[query]], [s for s, _ in entries],
+                                 rtol=RTOL, atol=ATOL, err_msg=f"{run}: query {query}")
+  explanations = sorted(p.name for p in (single / "runs" / "explanations").glob("*.csv"))
+  assert len(explanations) == 8, explanations
+  for name in ["verify_results.csv", *(f"explanations/{n}" for n in explanations)]:
+    reference, rows = _csv_rows(single / "runs" / name), _csv_rows(multi / "runs" / name)
+    _assert_numbers_close(
+        [{k: float(v) if k.startswith("p_") else v for k, v in r.items()} for r in reference],
+        [{k: float(v) if k.startswith("p_") else v for k, v in r.items()} for r in rows], name)
+
+  for name in ("manifest.json", "report.md", "results.json", "summary.json"):
+    assert (multi / name).is_file(), name
