@@ -105,6 +105,10 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
     overrides: config name -> {dotted key: value}, applied to that stage's
       configs/NAME.py:SCALE (e.g. the `paper` models' local folders).
   """
+  # Absolute from here on: the stages save their paths in their configs, and only absolute
+  # ones can be read from another directory or relocated when the folder moves.
+  workdir = os.path.abspath(workdir)
+  release = os.path.abspath(release) if release else ""
   os.makedirs(workdir, exist_ok=True)
   check_overrides(scale, workdir, seed, overrides)
   summary: dict = {"scale": scale, "seed": seed, "timings_s": {},

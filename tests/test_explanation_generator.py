@@ -455,8 +455,9 @@ def _tiny_config(data_dir, **explain):
 def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
   bpe_vocab = []
 
-  def stand_in_loader(path, tokenizer, longest, reward_input):
+  def stand_in_loader(path, tokenizer, longest, reward_input, moved=None):
     assert path == "stand-in" and len(tokenizer) == bpe_vocab[0] and longest == 11
+    assert moved is None  # Trained in place.
     assert reward_input == "ids"  # The default: no host round trip.
     return _stand_in(bpe_vocab[0])
 

@@ -66,3 +66,47 @@ def test_malformed_manifests_are_refused(tmp_path):
     path.write_text(json.dumps({**good, **change}))
     with pytest.raises(MochegInputError, match=message):
       manifest_lib.read_manifest(str(root))
+
+
+def test_a_copied_folder_knows_where_it_was_written(tmp_path):
+  import shutil
+
+  root = _pipeline_folder(tmp_path / "run")
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=0)
+  assert json.loads((root / "manifest.json").read_text())["written_at"] == str(root)
+  assert manifest_lib.read_manifest(str(root)).moved is None  # Read in place.
+  shutil.copytree(root, tmp_path / "copy")
+  shutil.rmtree(root)
+  read = manifest_lib.read_manifest(str(tmp_path / "copy"))
+  assert read.moved == (str(root), str(tmp_path / "copy"))
+  assert read.release == str(tmp_path / "copy" / "release")
+  assert read.stages["reranker"] == str(tmp_path / "copy" / "stages" / "rerank")
+  # A manifest written before `written_at` existed still loads, as not moved.
+  path = tmp_path / "copy" / "manifest.json"
+  path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
+                              if k != "written_at"}))
+  assert manifest_lib.read_manifest(str(tmp_path / "copy")).moved is None
+
+
+def test_a_release_inside_the_folder_moves_with_it_one_outside_stays(tmp_path):
+  import shutil
+
+  root = _pipeline_folder(tmp_path / "run")
+  (root / "data" / "mocheg").mkdir(parents=True)
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=0,
+                              release=str(root / "data" / "mocheg"))
+  assert json.loads((root / "manifest.json").read_text())["release"] == "data/mocheg"
+  outside = tmp_path / "datasets" / "mocheg"
+  outside.mkdir(parents=True)
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=0, release=str(outside))
+  shutil.move(root, tmp_path / "moved")
+  read = manifest_lib.read_manifest(str(tmp_path / "moved"))
+  assert read.moved == (str(root), str(tmp_path / "moved"))
+  assert read.release == str(outside)
+  # An absolute release inside the old folder (a manifest written by hand or older code)
+  # is read inside the new one.
+  path = tmp_path / "moved" / "manifest.json"
+  path.write_text(json.dumps({**json.loads(path.read_text()),
+                              "release": str(root / "data" / "mocheg")}))
+  assert manifest_lib.read_manifest(str(tmp_path / "moved")).release == \
+      str(tmp_path / "moved" / "data" / "mocheg")

@@ -175,6 +175,36 @@ def test_open_refuses_another_encoder_or_dim(tmp_path):
     index_lib.EmbeddingIndex.open(tmp_path, expect_dim=384)
 
 
+def test_an_index_moved_with_its_encoders_folder_opens(tmp_path):
+  """A pipeline folder copied elsewhere: the index names its encoder's old workdir."""
+  import shutil
+
+  old, new = tmp_path / "cluster" / "run", tmp_path / "home" / "run"
+  encoder = {"workdir": str(old / "stages" / "retrieval_text"), "step": 100, "task": "t"}
+  rows, ids = _rows(9), _ids(9)
+  with index_lib.IndexWriter(old / "index" / "text", "text", DIM, encoder) as writer:
+    writer.add(ids, rows)
+  shutil.copytree(old, new)
+  shutil.rmtree(old)
+  now = {**encoder, "workdir": str(new / "stages" / "retrieval_text")}
+  moved = (str(old), str(new))
+  index = index_lib.EmbeddingIndex.open(new / "index" / "text", expect_encoder=now,
+                                        moved=moved)
+  assert index.ids == ids
+  np.testing.assert_array_equal(index.embeddings(), rows)
+  # Expecting the old name (a fingerprint read from a moved config) matches as well.
+  index_lib.EmbeddingIndex.open(new / "index" / "text", expect_encoder=encoder, moved=moved)
+  with pytest.raises(MochegInputError, match="built by another encoder"):  # Not told.
+    index_lib.EmbeddingIndex.open(new / "index" / "text", expect_encoder=now)
+  with pytest.raises(MochegInputError, match="built by another encoder"):  # Another step.
+    index_lib.EmbeddingIndex.open(new / "index" / "text", expect_encoder={**now, "step": 5},
+                                  moved=moved)
+  elsewhere = {**now, "workdir": str(tmp_path / "other" / "stages" / "retrieval_text")}
+  with pytest.raises(MochegInputError, match="built by another encoder"):
+    index_lib.EmbeddingIndex.open(new / "index" / "text", expect_encoder=elsewhere,
+                                  moved=moved)
+
+
 def test_open_refuses_a_missing_shard(tmp_path):
   (_finished(tmp_path) / "shard-00002.npy").unlink()
   with pytest.raises(MochegInputError, match=r"shard-00002.npy: missing shard"):

@@ -307,6 +307,36 @@ def test_another_fingerprint_or_layout_is_refused(store_dir, model, tokenizer, g
   assert sorted(os.listdir(store_dir)) == before
 
 
+def test_a_store_moved_with_its_folder_is_read_there(tmp_path, world, model, tokenizer):
+  """A pipeline folder copied elsewhere: its store's fingerprint and image keys name the
+  old folder, and are read (and extended) as naming the new one."""
+  old, new = tmp_path / "cluster" / "run", tmp_path / "home" / "run"
+  shutil.copytree(world.root, old / "release")
+  claims = evidence_lib.gold_evidence(MochegRelease(old / "release"), "val")[:4]
+  texts, images = evidence_lib.store_inputs(claims)
+  assert images
+  clip_at = {"clip": str(old / "stages" / "retrieval_image"), "step": 3}
+  features.build_store(old / "features", model, tokenizer, texts, images,
+                       fingerprint=clip_at, max_text_len=MAX_TEXT_LEN)
+  states = features.open_store(old / "features").image(images)
+  shutil.copytree(old, new)
+  shutil.rmtree(old)
+  moved = (str(old), str(new))
+  now = {**clip_at, "clip": str(new / "stages" / "retrieval_image")}
+  new_images = [p.replace(str(old), str(new)) for p in images]
+  store = features.open_store(new / "features", expect_fingerprint=now, moved=moved)
+  assert all(store.has_image(p) for p in new_images)
+  np.testing.assert_array_equal(store.image(new_images), states)
+  before = sorted(os.listdir(new / "features"))
+  features.build_store(new / "features", model, tokenizer, texts, new_images,
+                       fingerprint=now, max_text_len=MAX_TEXT_LEN, moved=moved)
+  assert sorted(os.listdir(new / "features")) == before  # Nothing was missing.
+  with pytest.raises(MochegInputError, match="another model"):  # Not told it moved.
+    features.open_store(new / "features", expect_fingerprint=now)
+  with pytest.raises(MochegInputError, match="another model"):
+    features.open_store(new / "features", expect_fingerprint={**now, "step": 4}, moved=moved)
+
+
 def test_a_crash_mid_build_leaves_no_finished_store(tmp_path, model, tokenizer, gold,
                                                     monkeypatch):
   texts, images = evidence_lib.store_inputs(gold[1])

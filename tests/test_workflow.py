@@ -165,6 +165,56 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   assert -1.0 <= with_image.image_evidence[0].score <= 1.0
 
 
+def test_a_moved_pipeline_folder_checks_claims_alike(main_job, tmp_path):
+  """Trained on a cluster, copied elsewhere, the original removed: the copy checks claims
+  exactly as the original did (its saved configs, index and feature-store fingerprints name
+  the original folder, and are read as naming the copy)."""
+  from mocheg_jax.data.mocheg import MochegRelease
+  from mocheg_jax.pipeline.fact_checker import FactChecker
+
+  workdir, _, _ = main_job
+  claims = [c.claim for c in MochegRelease(workdir / "release").claims("test")[:3]]
+  image = sorted(os.listdir(workdir / "release" / "images"))[0]
+
+  def check(folder: pathlib.Path):
+    checker = FactChecker.load(str(folder))
+    try:
+      return (checker.check_many(claims),
+              checker.check(claims[0], image=str(folder / "release" / "images" / image)))
+    finally:
+      checker.close()
+
+  original, original_with_image = check(workdir)
+  copy = tmp_path / "elsewhere" / "pipeline"
+  shutil.copytree(workdir, copy, symlinks=True)
+  aside = workdir.with_name(workdir.name + "-aside")
+  workdir.rename(aside)  # Nothing may read (or write) the original while the copy works.
+  try:
+    moved, moved_with_image = check(copy)
+    assert not workdir.exists(), "loading the copy wrote into the original's place"
+  finally:
+    if workdir.exists():
+      shutil.rmtree(workdir)
+    aside.rename(workdir)  # Later tests use the original.
+  for a, b in zip(original + [original_with_image], moved + [moved_with_image], strict=True):
+    assert b.claim == a.claim
+    assert [e.id for e in b.text_evidence] == [e.id for e in a.text_evidence]
+    assert [e.score for e in b.text_evidence] == pytest.approx(
+        [e.score for e in a.text_evidence], abs=1e-5)
+    assert b.label == a.label
+    assert list(b.probabilities.values()) == pytest.approx(list(a.probabilities.values()),
+                                                           abs=1e-5)
+    assert b.explanation == a.explanation
+  for a, b in zip(original, moved):
+    assert [e.file for e in b.image_evidence] == [e.file for e in a.image_evidence]
+  # The claim's own image: the copy's file, scored as the original's.
+  assert moved_with_image.image_evidence[0].file == str(copy / "release" / "images" / image)
+  assert [e.score for e in moved_with_image.image_evidence] == pytest.approx(
+      [e.score for e in original_with_image.image_evidence], abs=1e-5)
+  assert [e.file for e in moved_with_image.image_evidence[1:]] == \
+      [e.file for e in original_with_image.image_evidence[1:]]
+
+
 def test_fact_check_script(main_job, tmp_path):
   workdir, _, _ = main_job
   pipeline = f"--pipeline={workdir}"

@@ -408,10 +408,12 @@ class TrainedClassifier:
                              "config.explain.reward_input=text")
 
 
-def load_classifier(workdir: str, which: str = "best") -> TrainedClassifier:
-  """The classifier of a training workdir (its best dev macro F1 step, or the latest)."""
+def load_classifier(workdir: str, which: str = "best", moved: tuple[str, str] | None = None
+                    ) -> TrainedClassifier:
+  """The classifier of a training workdir (its best dev macro F1 step, or the latest);
+  `moved`: its folder was copied from elsewhere (restore.load_trained)."""
   from mocheg_jax.train.restore import load_trained  # Imports the trainer only here.
-  trained = load_trained(workdir, which)
+  trained = load_trained(workdir, which, moved)
   if not isinstance(trained.task.inference, ClassifierInference):
     raise MochegInputError(f"{workdir}: its task ({trained.config.task}) is not the "
                            "truthfulness classifier")

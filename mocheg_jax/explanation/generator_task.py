@@ -114,8 +114,8 @@ def reinforce_settings(e: ml_collections.ConfigDict) -> reinforce.ReinforceSetti
 REWARD_INPUTS = ("ids", "text")
 
 
-def load_reward_model(classifier_dir: str, tokenizer, longest: int, reward_input: str = "ids"
-                      ) -> reinforce.RewardModel:
+def load_reward_model(classifier_dir: str, tokenizer, longest: int, reward_input: str = "ids",
+                      moved: tuple[str, str] | None = None) -> reinforce.RewardModel:
   """The frozen truthfulness classifier of a classifier training workdir, as a RewardModel.
 
   This is where the real classifier is wired in (`classifier_task.load_classifier` and
@@ -126,7 +126,8 @@ def load_reward_model(classifier_dir: str, tokenizer, longest: int, reward_input
   re-tokenised on the host inside the step).
 
   Its parameters reach the jitted train step as an argument (Task.constants), replicated on
-  every device.
+  every device. `moved`: the classifier's folder was copied from elsewhere
+  (restore.load_trained).
   """
   if reward_input not in REWARD_INPUTS:
     raise MochegInputError(f"config.explain.reward_input {reward_input!r}: expected one of "
@@ -135,7 +136,7 @@ def load_reward_model(classifier_dir: str, tokenizer, longest: int, reward_input
     raise MochegInputError(f"config.explain.classifier {classifier_dir!r} is not a folder "
                            "(expected a truthfulness classifier's training workdir)")
   from mocheg_jax.explanation import classifier, classifier_task, text_reward
-  trained = classifier_task.load_classifier(classifier_dir, which="best")
+  trained = classifier_task.load_classifier(classifier_dir, which="best", moved=moved)
   if reward_input == "text":
     return text_reward.text_reward_model(trained, tokenizer)
   trained.check_reads_ids_of(tokenizer)
@@ -339,7 +340,10 @@ def _dev_evaluator(explainer: Explainer, claims: Sequence[Claim],
 
 
 # ---- the task --------------------------------------------------------------------------------
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
+def make_task(config: ml_collections.ConfigDict, workdir: str,
+              moved: tuple[str, str] | None = None) -> Task:
+  """`moved`: the workdir was copied from elsewhere (restore.load_trained relocated `config`;
+  the reward classifier's own workdir is loaded the same way)."""
   data = prepared_data(config, workdir)
   e = config.explain
   source = generator_source(e, data.bpe)
@@ -347,7 +351,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   if e.classifier:
     longest = max(e.sample_max_length, e.max_decode_length) - 1
     reward_model = load_reward_model(e.classifier, load_tokenizer(source.tokenizer_dir),
-                                     longest, e.reward_input)
+                                     longest, e.reward_input, moved=moved)
   settings = reinforce_settings(e)
   seed = config.seed
 

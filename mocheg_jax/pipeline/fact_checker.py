@@ -21,6 +21,9 @@ padded to fixed shapes (the encoders' length and batch buckets, the verifier's a
 generator's evaluation batch), so `check_many` compiles once per shape bucket and a
 second call of any size reuses the programs.
 
+The folder may have been moved or copied since the main job wrote it: what it saved about
+itself is read relative to where it is now (`Manifest.moved`).
+
 Bad input is refused before any model runs: an empty or over-long claim, an image that is
 missing or does not decode (each named by its position). Single-process: the checker runs on
 the local devices of one host.
@@ -129,12 +132,15 @@ class FactChecker:
                log: Callable[[str], None] = lambda _: None):
     self.manifest = manifest
     self.settings = manifest.settings
-    stages = manifest.stages
-    log(f"loading the pipeline in {manifest.root}")
-    self._text = load_trained(stages["text_retriever"])
-    self._image = load_trained(stages["image_retriever"])
-    self._text_index = system.open_index(self._text, manifest.indexes["text"])
-    self._image_index = system.open_index(self._image, manifest.indexes["image"])
+    stages, moved = manifest.stages, manifest.moved
+    log(f"loading the pipeline in {manifest.root}" +
+        (f" (written in {moved[0]})" if moved else ""))
+    # A folder copied from elsewhere: every saved path under its old place is read as the
+    # same path under the new one (configs, index and feature-store fingerprints).
+    self._text = load_trained(stages["text_retriever"], moved=moved)
+    self._image = load_trained(stages["image_retriever"], moved=moved)
+    self._text_index = system.open_index(self._text, manifest.indexes["text"], moved)
+    self._image_index = system.open_index(self._image, manifest.indexes["image"], moved)
     release = MochegRelease(manifest.release)
     kb = system.corpus(release, "text")
     system.check_index_covers_kb(self._text_index, kb, manifest.release)
@@ -142,9 +148,9 @@ class FactChecker:
                                  manifest.release)
     self._kb_texts = kb.texts
     self._release = release
-    self._reranker = rerank_lib.load_reranker(stages["reranker"])
-    self._verifier_run = load_trained(stages["verifier"])
-    self._generator = load_trained(stages["generator"])
+    self._reranker = rerank_lib.load_reranker(stages["reranker"], moved=moved)
+    self._verifier_run = load_trained(stages["verifier"], moved=moved)
+    self._generator = load_trained(stages["generator"], moved=moved)
     if cache_dir is None:
       cache_dir = tempfile.mkdtemp(prefix="mocheg-fact-check-")
       self._cleanup = weakref.finalize(self, shutil.rmtree, cache_dir, True)

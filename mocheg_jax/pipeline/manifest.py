@@ -1,7 +1,10 @@
 """A pipeline folder's manifest: which trained stages and indexes make the fact-checker.
 
 The main job writes `PIPELINE_DIR/manifest.json` once every stage has finished; the
-fact-checker (`pipeline.fact_checker`) reads it. Paths in it are relative to the folder.
+fact-checker (`pipeline.fact_checker`) reads it. Paths in it are relative to the folder,
+which also records where it was written (`written_at`): a folder copied elsewhere is read
+with `Manifest.moved`, so the absolute paths saved inside it (training configs, index and
+feature-store fingerprints) are relocated to where it is now (utils/paths.py).
 Reading checks every named stage is a finished training run and every index exists, so a
 folder missing a stage fails at load time with the stage's name and path, not midway
 through checking a claim.
@@ -16,6 +19,7 @@ import os
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.retrieval import index as index_lib
 from mocheg_jax.train.loop import CHECKPOINT_DIR
+from mocheg_jax.utils import paths
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -61,6 +65,9 @@ class Manifest:
   settings: Settings
   scale: str = ""
   seed: int = 0
+  # (root as written, root now) when the folder was read from elsewhere than where the main
+  # job wrote it; None when read in place or when the manifest predates `written_at`.
+  moved: paths.Moved = None
 
 
 def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "",
@@ -68,11 +75,13 @@ def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "
   """Writes the main job's manifest (atomically) and returns its path; every part must
   exist already (checked by reading it back). `release`: the release folder the pipeline
   was trained on, when not the synthetic world in PIPELINE_DIR/release."""
-  if release and os.path.abspath(release) == os.path.join(os.path.abspath(pipeline_dir),
-                                                          RELEASE):
-    release = ""  # Kept relative: the synthetic world inside the folder.
-  data = {"format": FORMAT, "scale": scale, "seed": seed,
-          "release": os.path.abspath(release) if release else RELEASE,
+  root = os.path.abspath(pipeline_dir)
+  if release:
+    release = os.path.abspath(release)
+    if release == root or release.startswith(root + os.sep):
+      release = os.path.relpath(release, root)  # Inside the folder: moves with it.
+  data = {"format": FORMAT, "scale": scale, "seed": seed, "written_at": root,
+          "release": release or RELEASE,
           "stages": dict(STAGES), "indexes": dict(INDEXES),
           "settings": dataclasses.asdict(settings)}
   path = os.path.join(pipeline_dir, MANIFEST)
@@ -133,11 +142,15 @@ def read_manifest(pipeline_dir: str) -> Manifest:
                              f"(no {marker}: {what})")
     return where
 
+  written_at = data.get("written_at")
+  moved = paths.moved_root(written_at, root) if isinstance(written_at, str) else None
   release = data.get("release")
+  if isinstance(release, str):  # An absolute release inside the folder moved with it.
+    release = paths.relocate(release, moved)
   if not isinstance(release, str) or not os.path.isdir(os.path.join(root, release)):
     raise MochegInputError(f"{path}: the release folder {release!r} is missing")
   return Manifest(
-      root=root, release=os.path.join(root, release),
+      root=root, release=os.path.join(root, release), moved=moved,
       stages={n: checked("stage", n, r, CHECKPOINT_DIR, "not a training run")
               for n, r in stages.items()},
       indexes={n: checked("index", n, r, index_lib.MANIFEST_FILE, "not a finished index")

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.utils import paths
 from mocheg_jax.utils.progress import Progress
 
 HEADER_FILE = "header.json"
@@ -349,8 +350,12 @@ class EmbeddingIndex:
 
   @classmethod
   def open(cls, index_dir: str | os.PathLike, expect_encoder: dict | None = None,
-           expect_dim: int | None = None) -> "EmbeddingIndex":
+           expect_dim: int | None = None, moved: paths.Moved = None) -> "EmbeddingIndex":
     """Opens and checks an index folder.
+
+    `moved` (old root, new root): the index lies in a folder that was copied from the old
+    root, so an encoder fingerprint naming a path under the old root matches the same path
+    under the new one (either side may name the old one).
 
     Raises:
       MochegInputError: naming the file: a missing manifest (an unfinished index) or shard,
@@ -369,7 +374,7 @@ class EmbeddingIndex:
                              f"but the encoder gives {expect_dim}-d ones")
     if expect_encoder is not None:
       expected = json.loads(json.dumps(expect_encoder))
-      if manifest.encoder != expected:
+      if not paths.same_record(manifest.encoder, expected, moved):
         raise MochegInputError(f"{manifest_path}: the index was built by another encoder "
                                f"({manifest.encoder}); this search encodes with {expected} "
                                "(index the KB with it first: scripts/index.py)")

@@ -473,10 +473,12 @@ class Reranker:
     return dict(zip(keys, ranked))
 
 
-def load_reranker(workdir: str, which: str = "best") -> Reranker:
-  """The reranker of a training workdir (no mining: that happens only when training)."""
+def load_reranker(workdir: str, which: str = "best", moved: tuple[str, str] | None = None
+                  ) -> Reranker:
+  """The reranker of a training workdir (no mining: that happens only when training);
+  `moved`: the workdir's folder was copied from elsewhere (see restore.load_trained)."""
   from mocheg_jax.train.restore import load_trained
-  trained = load_trained(workdir, which)
+  trained = load_trained(workdir, which, moved)
   if not isinstance(trained.model, bert.CrossEncoder):
     raise MochegInputError(f"{workdir}: not a reranker's workdir (task "
                            f"{trained.config.task!r})")

@@ -21,6 +21,7 @@ from mocheg_jax.retrieval import results as results_lib
 from mocheg_jax.retrieval import search as search_lib
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.restore import Trained
+from mocheg_jax.utils import paths
 
 Run = dict[str, list[tuple[str, float]]]
 
@@ -87,10 +88,13 @@ def normalized(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def open_index(trained: Trained, index_dir: str) -> index_lib.EmbeddingIndex:
-  """The index, checked to have been built by this very encoder and modality."""
+def open_index(trained: Trained, index_dir: str, moved: paths.Moved = None
+               ) -> index_lib.EmbeddingIndex:
+  """The index, checked to have been built by this very encoder and modality (`moved`: both
+  lie in a folder copied from elsewhere, see EmbeddingIndex.open)."""
   encoders = _encoders(trained)
-  index = index_lib.EmbeddingIndex.open(index_dir, expect_encoder=fingerprint(trained))
+  index = index_lib.EmbeddingIndex.open(index_dir, expect_encoder=fingerprint(trained),
+                                        moved=moved)
   if index.manifest.kind != encoders.kind:
     raise MochegInputError(f"{index_dir}: a {index.manifest.kind} index, but "
                            f"{trained.workdir} is a {encoders.kind} retriever")
@@ -135,13 +139,14 @@ def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir
   return run
 
 
-def load_reranker(workdir: str, kind: str, release_dir: str
+def load_reranker(workdir: str, kind: str, release_dir: str, moved: paths.Moved = None
                   ) -> Callable[[list[str], Run], Run]:
-  """`rerank(claims, run) -> run` with the cross-encoder trained in `workdir`."""
+  """`rerank(claims, run) -> run` with the cross-encoder trained in `workdir` (`moved`: see
+  restore.load_trained)."""
   if kind != "text":
     raise MochegInputError(f"a reranker reorders text evidence, but the index holds {kind}s")
   from mocheg_jax.retrieval import rerank as rerank_lib  # Only when reranking.
-  reranker = rerank_lib.load_reranker(workdir)
+  reranker = rerank_lib.load_reranker(workdir, moved=moved)
   texts = corpus(MochegRelease(release_dir), "text").texts
 
   def rerank(claims: list[str], run: Run) -> Run:

@@ -2,12 +2,15 @@
 
 The checkpoint holds the config it was trained with, so the task (and with it the model's
 structure, tokenizer and data) is rebuilt from that config, and the saved parameters are
-poured into it. No training state (optimizer, data position) is read.
+poured into it. No training state (optimizer, data position) is read. A workdir inside a
+folder that was moved since it trained is loaded with `moved` (utils/paths.py): the saved
+config's paths under the old folder are rewritten to the new one first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 
 import jax.numpy as jnp
@@ -21,6 +24,7 @@ from mocheg_jax.train import task as task_lib
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.loop import CHECKPOINT_DIR
 from mocheg_jax.train.state import ModelSpec
+from mocheg_jax.utils import paths
 
 WHICH = ("best", "latest")
 
@@ -79,13 +83,27 @@ def saved_config(saved: dict) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(_merged(defaults, saved))
 
 
-def load_trained(workdir: str, which: str = "best") -> Trained:
-  """The model of `workdir`'s best (or latest) checkpoint, on the default device."""
+def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Moved = None
+              ) -> task_lib.Task:
+  """`config.task`'s task; `moved` reaches the tasks that take it (those that open stores or
+  load other workdirs named in their config), and is needed by no other."""
+  factory = task_lib.resolve(config.task)
+  if moved is not None and "moved" in inspect.signature(factory).parameters:
+    return factory(config, workdir, moved=moved)
+  return factory(config, workdir)
+
+
+def load_trained(workdir: str, which: str = "best", moved: paths.Moved = None) -> Trained:
+  """The model of `workdir`'s best (or latest) checkpoint, on the default device.
+
+  `moved` (old root, new root): `workdir` lies in a folder written at the old root and
+  copied to the new one; the saved config's paths are relocated before anything is built.
+  """
   checkpoints, step = checkpoint_step(workdir, which)
   with checkpoints:
-    config = saved_config(checkpoints.restore_config(step))
+    config = saved_config(paths.relocate(checkpoints.restore_config(step), moved))
     params = checkpoints.restore_params(step)
-  task = task_lib.resolve(config.task)(config, workdir)
+  task = make_task(config, workdir, moved)
   spec = ModelSpec.of(task.model, config.freeze)
   model = spec.merge(params["params"], params["frozen"], {}, None)
   return Trained(config, task, model, step, workdir)

@@ -31,7 +31,9 @@ build removes unlisted parts and temporary folders (only names of these two patt
 Building again into a finished store with the same fingerprint, dtype and max_text_len
 encodes only the keys it lacks (gold evidence first, system evidence later: one store);
 anything else that differs is an error that names the difference. Two builds must not run
-into one folder at the same time.
+into one folder at the same time. A store inside a folder copied from elsewhere is opened
+(and extended) with `moved` (utils/paths.py): its fingerprint and image keys name the old
+folder, and are compared and looked up as if they named the new one.
 
 Devices: the encoder is jitted with bucketed shapes (models/encoding.py) and runs data
 parallel over `devices` (default: every local device): parameters replicated, each batch
@@ -58,6 +60,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.models import bert
 from mocheg_jax.models import clip
 from mocheg_jax.models import encoding
+from mocheg_jax.utils import paths
 
 FORMAT = "mocheg-verification-features"
 VERSION = 1
@@ -308,7 +311,8 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
                 dtype: str = "float16", devices: Sequence[jax.Device] | None = None,
                 log: Callable[[str], None] | None = None,
                 text_model: bert.SentenceEncoder | None = None,
-                image_blocks: int | None = None) -> StoreManifest:
+                image_blocks: int | None = None, moved: paths.Moved = None
+                ) -> StoreManifest:
   """Encodes the texts and images a store lacks and adds them as a new part.
 
   Args:
@@ -330,6 +334,7 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
       states (no class token, before the post-layernorm). A number k in [0, layers] stores
       the class token and patches after the first k blocks ([1 + P, Dv] per image) for a
       model that trains the remaining blocks; put k in the fingerprint.
+    moved: (old root, new root) when the store's folder was copied from the old root.
 
   Returns:
     The store's manifest after the build.
@@ -362,13 +367,15 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
   if manifest is not None:
     found = {f: getattr(manifest, f) for f in ("fingerprint", *_LAYOUT_FIELDS)}
     asked = {f: getattr(wanted, f) for f in ("fingerprint", *_LAYOUT_FIELDS)}
-    problems = _differences(found, asked)
+    problems = [] if paths.same_record(found, asked, moved) else _differences(
+        paths.relocate(found, moved), paths.relocate(asked, moved))
     if problems:
       raise MochegInputError(f"{store_dir}: the feature store was built differently; "
                              f"use another folder or the same settings ({'; '.join(problems)})")
     for part in manifest.parts:
       have_texts.update(_read_json(os.path.join(store_dir, part["name"], "text_keys.json")))
-      have_images.update(_read_json(os.path.join(store_dir, part["name"], "image_keys.json")))
+      have_images.update(paths.relocate(
+          _read_json(os.path.join(store_dir, part["name"], "image_keys.json")), moved))
   else:
     manifest = wanted
   _clean(store_dir, {p["name"] for p in manifest.parts})
@@ -403,9 +410,10 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
 # ---- reading -------------------------------------------------------------------------------
 class FeatureStore:
   """A finished store, read memory-mapped (see `open_store`). Picklable: the maps are
-  reopened lazily after unpickling (grain worker processes)."""
+  reopened lazily after unpickling (grain worker processes). With `moved`, image keys under
+  the old root are looked up under the new one."""
 
-  def __init__(self, store_dir: str, manifest: StoreManifest):
+  def __init__(self, store_dir: str, manifest: StoreManifest, moved: paths.Moved = None):
     self.dir, self.manifest = store_dir, manifest
     self._texts: dict[str, tuple[int, int]] = {}  # key -> (part, row)
     self._images: dict[str, tuple[int, int]] = {}
@@ -413,7 +421,7 @@ class FeatureStore:
     for p, part in enumerate(manifest.parts):
       folder = os.path.join(store_dir, part["name"])
       text_keys = _read_json(os.path.join(folder, "text_keys.json"))
-      image_keys = _read_json(os.path.join(folder, "image_keys.json"))
+      image_keys = paths.relocate(_read_json(os.path.join(folder, "image_keys.json")), moved)
       if len(text_keys) != part["texts"] or len(image_keys) != part["images"]:
         raise MochegInputError(f"{folder}: {len(text_keys)} text keys and {len(image_keys)} "
                                f"image keys; the manifest says {part['texts']} and "
@@ -517,9 +525,10 @@ class FeatureStore:
     return out
 
 
-def open_store(store_dir: str | os.PathLike, expect_fingerprint: dict | None = None
-               ) -> FeatureStore:
-  """Opens a finished store (memory-mapped; nothing is loaded but keys and offsets).
+def open_store(store_dir: str | os.PathLike, expect_fingerprint: dict | None = None,
+               moved: paths.Moved = None) -> FeatureStore:
+  """Opens a finished store (memory-mapped; nothing is loaded but keys and offsets);
+  `moved`: the store's folder was copied from the old root (see the module's notes).
 
   Raises:
     MochegInputError: the folder is missing or holds no finished store (an interrupted
@@ -534,8 +543,10 @@ def open_store(store_dir: str | os.PathLike, expect_fingerprint: dict | None = N
     raise MochegInputError(f"{store_dir}: not a finished feature store (no {MANIFEST}; was "
                            "its build interrupted?); build it again")
   if expect_fingerprint is not None:
-    problems = _differences(manifest.fingerprint, _canonical(expect_fingerprint))
-    if problems:
+    wanted = _canonical(expect_fingerprint)
+    if not paths.same_record(manifest.fingerprint, wanted, moved):
+      problems = _differences(paths.relocate(manifest.fingerprint, moved),
+                              paths.relocate(wanted, moved))
       raise MochegInputError(f"{store_dir}: the store was encoded by another model "
                              f"({'; '.join(problems)})")
-  return FeatureStore(store_dir, manifest)
+  return FeatureStore(store_dir, manifest, moved)

@@ -44,6 +44,7 @@ from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import image_task
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
+from mocheg_jax.utils import paths
 from mocheg_jax.verification import evidence as evidence_lib
 from mocheg_jax.verification import features
 from mocheg_jax.verification import stance
@@ -166,16 +167,18 @@ def _clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: in
   return {"clip": folder}
 
 
-def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
-  """The CLIP named by `verify.clip` and the text encoder named by `verify.text_encoder`."""
-  frozen = load_clip_only(v, wordpiece_dir, seed)
+def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int,
+              moved: paths.Moved = None) -> FrozenClip:
+  """The CLIP named by `verify.clip` and the text encoder named by `verify.text_encoder`
+  (`moved`: their workdirs lie in a folder copied from elsewhere; restore.load_trained)."""
+  frozen = load_clip_only(v, wordpiece_dir, seed, moved)
   kind = _text_encoder_kind(v.text_encoder)
   if kind == CLIP_TEXT:
     return frozen
   from mocheg_jax.models import sentence_transformers as st  # Only for these options.
   if kind == "workdir":
     from mocheg_jax.train.restore import load_trained
-    trained = load_trained(os.path.abspath(v.text_encoder), "best")
+    trained = load_trained(os.path.abspath(v.text_encoder), "best", moved)
     encoder = getattr(trained.model, "encoder", None)
     if encoder is None or not hasattr(trained.task.inference, "tokenizer_dir"):
       raise MochegInputError(f"config.verify.text_encoder {v.text_encoder}: its task "
@@ -188,7 +191,8 @@ def load_clip(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> Fr
                              text_tokenizer=sentence_model.tokenizer)
 
 
-def load_clip_only(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) -> FrozenClip:
+def load_clip_only(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int,
+                   moved: paths.Moved = None) -> FrozenClip:
   """The CLIP named by `verify.clip`, without any separate text encoder."""
   kind = _clip_kind(v.clip)
   if kind == RANDOM:
@@ -198,7 +202,7 @@ def load_clip_only(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int) 
   folder = os.path.abspath(v.clip)
   if kind == "workdir":
     from mocheg_jax.train.restore import load_trained
-    trained = load_trained(folder, "best")
+    trained = load_trained(folder, "best", moved)
     if not isinstance(trained.model, clip.CLIPModel):
       raise MochegInputError(f"config.verify.clip {folder}: its task ({trained.config.task})"
                              " does not train a CLIP")
@@ -286,6 +290,7 @@ class Verifier:
   features_dir: str
   clip_loader: Callable[[], FrozenClip]
   fingerprint: dict
+  moved: paths.Moved = None  # The store's folder was copied from elsewhere (utils/paths.py).
   _opened: features.FeatureStore | None = dataclasses.field(default=None, repr=False)
 
   def store(self, *claims: Sequence[evidence_lib.ClaimEvidence]) -> features.FeatureStore:
@@ -295,7 +300,8 @@ class Verifier:
     texts, images = evidence_lib.store_inputs(*claims)
     if self._opened is not None and _holds(self._opened, texts, images):
       return self._opened
-    store = _open_if_complete(self.features_dir, self.fingerprint, texts, images)
+    store = _open_if_complete(self.features_dir, self.fingerprint, texts, images,
+                              self.moved)
     if store is None:
 
       def build() -> None:
@@ -305,10 +311,12 @@ class Verifier:
                              images, fingerprint=self.fingerprint,
                              max_text_len=v.max_text_len, batch_size=v.encode_batch_size,
                              dtype=v.feature_dtype, text_model=frozen.text_model,
-                             image_blocks=image_blocks(v, frozen.model.config.vision))
+                             image_blocks=image_blocks(v, frozen.model.config.vision),
+                             moved=self.moved)
 
       distributed.primary_only("verification-feature-store", build)  # The others wait.
-      store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint)
+      store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint,
+                                  moved=self.moved)
     self._opened = store
     return store
 
@@ -339,11 +347,12 @@ def _probabilities(model: nnx.Module, batch: dict) -> jax.Array:
 
 
 def _open_if_complete(store_dir: str, fingerprint: dict, texts: Sequence[str],
-                      images: Sequence[str]) -> features.FeatureStore | None:
+                      images: Sequence[str], moved: paths.Moved = None
+                      ) -> features.FeatureStore | None:
   """The store if it exists and holds everything asked for, else None."""
   if not os.path.exists(os.path.join(store_dir, features.MANIFEST)):
     return None
-  store = features.open_store(store_dir, expect_fingerprint=fingerprint)
+  store = features.open_store(store_dir, expect_fingerprint=fingerprint, moved=moved)
   return store if _holds(store, texts, images) else None
 
 
@@ -360,16 +369,19 @@ def scores(gold: Sequence[int], probabilities: np.ndarray) -> dict[str, float]:
 
 
 # ---- the task -------------------------------------------------------------------------------
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
+def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Moved = None
+              ) -> Task:
+  """`moved`: the workdir was trained elsewhere and copied (restore.load_trained relocated
+  `config`); its feature store and frozen CLIP workdir still name the old folder."""
   data = prepared_data(config, workdir)
   v = config.verify
   seed = config.seed
   features_dir = v.features_dir or os.path.join(workdir, "features")
   if v.tune_vision_layers and not v.use_image:
     raise MochegInputError("config.verify.tune_vision_layers needs use_image=True")
-  clip_loader = functools.cache(lambda: load_clip(v, data.wordpiece, seed))
+  clip_loader = functools.cache(lambda: load_clip(v, data.wordpiece, seed, moved))
   verifier = Verifier(config, data.release, features_dir, clip_loader,
-                      clip_fingerprint(v, data.wordpiece, seed))
+                      clip_fingerprint(v, data.wordpiece, seed), moved)
   train = verifier.evidence("train", v.evidence)
   dev = verifier.evidence(DEV_SPLIT, v.evidence)
   store = verifier.store(train, dev)  # One build for both, before training starts.
