@@ -18,8 +18,9 @@ exit status is non-zero at the end if any failed.
 
 Peak memory: the max RSS of the benchmark's process tree, from os.wait4 on the child (Linux
 reports the largest RSS of the child and of any descendant it waited for: bench_search.py's
-two sides run as its own subprocesses). Where ours and the reference run in the same process
-(every script but bench_search.py) this is the peak of both sides together.
+two sides run as its own subprocesses, data_bench.py's steps too). Where ours and the
+reference run in the same process (every script but those two) this is the peak of both
+sides together.
 
 From each JSON, one small extractor per script takes the figures: name, ours, reference,
 unit, ratio = ours / reference (for throughputs > 1 means we are faster; for times, such as
@@ -225,6 +226,65 @@ def extract_trainer(data: dict) -> list[dict]:
                  "bare jitted step", OVERHEAD_TARGET, note)]
 
 
+def extract_contrastive(data: dict) -> list[dict]:
+  s = "bench_contrastive.py"
+  threads = int(_number(data, s, "torch_threads"))
+
+  def note(r: str) -> str:
+    diff = _get(data, s, f"{r}.first_loss_relative_diff")
+    check = (f"first-step loss rel. diff {_number(data, s, f'{r}.first_loss_relative_diff'):.1e}"
+             if diff is not None else "losses not compared (dropout)")
+    return (f"{check}; CPU-time ratio {_number(data, s, f'{r}.cpu_ratio'):.2f}x; "
+            f"{threads} torch threads")
+
+  out = []
+  parts = _get(data, s, "parts")
+  if "text" in parts:
+    t = "text"
+    negatives = " + hard negatives" if _get(data, s, f"{t}.hard_negatives") else ""
+    out.append(figure(
+        "contrastive", f"InfoNCE text step ({_get(data, s, f'{t}.size')} shape, batch "
+        f"{int(_number(data, s, f'{t}.batch'))}, {int(_number(data, s, f'{t}.query_length'))}/"
+        f"{int(_number(data, s, f'{t}.doc_length'))} tokens{negatives})",
+        _number(data, s, f"{t}.runs.ours.examples_per_s"),
+        _number(data, s, f"{t}.runs.reference.examples_per_s"), "ex/s",
+        "PyTorch (transformers BertModel)", TRAINING_TARGET, note(t)))
+  if "clip" in parts:
+    for i, _ in enumerate(_get(data, s, "clip")):
+      r = f"clip.{i}"
+      symmetric = ", symmetric" if _get(data, s, f"{r}.symmetric") else ""
+      out.append(figure(
+          "contrastive", f"CLIP contrastive step ({_get(data, s, f'{r}.size')} shape, batch "
+          f"{int(_number(data, s, f'{r}.batch'))}{symmetric})",
+          _number(data, s, f"{r}.runs.ours.examples_per_s"),
+          _number(data, s, f"{r}.runs.reference.examples_per_s"), "ex/s",
+          "PyTorch (transformers CLIPModel)", TRAINING_TARGET, note(r)))
+  return out
+
+
+def extract_data(data: dict) -> list[dict]:
+  """Reading the sentence KB, ours vs pandas.read_csv: a time ratio (< 1: we are faster);
+  the target is absolute (BENCHMARKS.md: < 60 s and < 4 GB at paper scale), so in the note."""
+  s = "data_bench.py"
+  scale = _get(data, s, "scale")
+  ours = _number(data, s, "steps.read_kb.seconds")
+  rows = int(_number(data, s, "steps.read_kb.rows"))
+  peak = _number(data, s, "steps.read_kb.peak_gb")
+  pandas = _get(data, s, "steps.read_kb_pandas")
+  reference = None if isinstance(pandas, dict) and pandas.get("error") else _number(
+      data, s, "steps.read_kb_pandas.seconds")
+  note = f"peak {peak:.2f} GB"
+  if reference is None:
+    note += f"; pandas.read_csv {pandas['error']}"
+  else:
+    note += f" (pandas {_number(data, s, 'steps.read_kb_pandas.peak_gb'):.2f} GB)"
+  if scale == "paper":
+    ok = ours < 60.0 and peak < 4.0
+    note += f"; target < 60 s and < 4 GB: {'met' if ok else 'MISSED'}"
+  return [figure("data", f"read the {rows:,}-sentence KB ({scale} world), time", ours, reference,
+                 "s", "pandas.read_csv", None, note)]
+
+
 # ---- the benchmarks -------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
@@ -263,6 +323,12 @@ BENCHMARKS = [
     # mesh shapes (kept in its JSON). Quick: overhead only, two short windows.
     Benchmark("trainer", "bench_trainer.py", extract_trainer, 3 * 3600,
               quick_flags=("--parts=overhead", "--windows=2", "--log_every=10")),
+    # InfoNCE text step (MiniLM shape) and CLIP step (small config, ViT-B/32 shape at batch
+    # 16). Quick: tiny shapes, two rounds.
+    Benchmark("contrastive", "bench_contrastive.py", extract_contrastive, 2 * 3600,
+              quick_flags=("--text_size=tiny", "--clip_sizes=tiny", "--repeats=2")),
+    # Paper scale: ~12 minutes of world and TFDS building around the KB reads (BENCHMARKS.md).
+    Benchmark("data", "data_bench.py", extract_data, 2 * 3600, quick_flags=("--scale=tiny",)),
 ]
 BY_NAME = {b.name: b for b in BENCHMARKS}
 

@@ -75,6 +75,25 @@ TRAINER = {"benchmark": "trainer", "overhead": {
     "target_overhead": 0.05}}
 
 
+
+def _contrastive_part(size: str, ours: float, ref: float, **fields) -> dict:
+  run = lambda ex: {"examples_per_s": ex, "median_s": 1.0, "seconds": [1.0]}  # noqa: E731
+  return {"size": size, "batch": 32, "runs": {"ours": run(ours), "reference": run(ref)},
+          "ratio": ours / ref, "cpu_ratio": 1.1, "first_loss_relative_diff": 1.1e-7,
+          **fields}
+
+
+CONTRASTIVE = {"benchmark": "contrastive", "parts": ["text", "clip"], "torch_threads": 2,
+               "text": _contrastive_part("minilm", 6.0, 5.0, query_length=40, doc_length=64,
+                                         hard_negatives=True),
+               "clip": [_contrastive_part("small", 300.0, 200.0, symmetric=False),
+                        _contrastive_part("base", 1.0, 2.0, symmetric=True)]}
+_DATA_STEP = {"seconds": 7.4, "peak_gb": 0.02, "error": None}
+DATA = {"scale": "paper", "steps": {
+    "read_kb": dict(_DATA_STEP, rows=2804810, chars=10**8, skipped=0),
+    "read_kb_pandas": dict(_DATA_STEP, seconds=1.85, peak_gb=0.74, rows=2804810),
+    "tfds": dict(_DATA_STEP, seconds=414.0)}}
+
 def test_met_reads_the_targets():
   assert run_all.met(1.0, ">= 1.0x") is True and run_all.met(0.99, ">= 1.0x") is False
   assert run_all.met(1.04, "< 1.05x") is True and run_all.met(1.05, "< 1.05x") is False
@@ -120,11 +139,33 @@ def test_extractors_read_each_scripts_json():
   assert trainer["ratio"] == pytest.approx(1.06) and trainer["met"] is False
   assert trainer["target"] == "< 1.05x" and "+1.2%" in trainer["note"]
 
+  text, small, base = run_all.extract_contrastive(CONTRASTIVE)
+  assert text["name"].startswith("InfoNCE text step (minilm shape, batch 32, 40/64 tokens")
+  assert text["ratio"] == pytest.approx(1.2) and text["met"] is True
+  assert text["target"] == ">= 1.0x" and text["unit"] == "ex/s"
+  assert "1.1e-07" in text["note"] and "2 torch threads" in text["note"]
+  assert small["name"].startswith("CLIP contrastive step (small shape, batch 32)")
+  assert base["met"] is False and "symmetric" in base["name"]
+  # A text run with dropout compares no losses; a run of one part has one part's rows.
+  dropout = copy.deepcopy(CONTRASTIVE)
+  dropout["parts"], dropout["text"]["first_loss_relative_diff"] = ["text"], None
+  (row,) = run_all.extract_contrastive(dropout)
+  assert "losses not compared" in row["note"]
+
+  (data,) = run_all.extract_data(DATA)
+  assert data["ratio"] == pytest.approx(7.4 / 1.85) and data["met"] is None
+  assert data["unit"] == "s" and "2,804,810-sentence KB (paper world)" in data["name"]
+  assert "target < 60 s and < 4 GB: met" in data["note"]
+  no_pandas = copy.deepcopy(DATA)
+  no_pandas["steps"]["read_kb_pandas"] = {"error": "skipped: No module named 'pandas'"}
+  (row,) = run_all.extract_data(no_pandas)
+  assert row["reference"] is None and row["ratio"] is None and "pandas" in row["note"]
+
 
 def test_every_benchmark_has_an_extractor_for_its_example():
   examples = {"bert": BERT, "clip": CLIP, "search": SEARCH, "verify": VERIFY,
               "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_beam": BART,
-              "trainer": TRAINER}
+              "trainer": TRAINER, "contrastive": CONTRASTIVE, "data": DATA}
   assert set(examples) == set(run_all.BY_NAME)
   for name, data in examples.items():
     rows = run_all.BY_NAME[name].extract(data)
@@ -137,6 +178,8 @@ def test_every_benchmark_has_an_extractor_for_its_example():
     (run_all.extract_bart_train, BART_TRAIN, ("results", 1, "runs", "ours_reinforce"),
      "'results.1.runs.ours_reinforce.best_s'"),
     (run_all.extract_trainer, TRAINER, ("overhead",), "'overhead.overhead_cpu_paired_median'"),
+    (run_all.extract_contrastive, CONTRASTIVE, ("clip", 1, "runs", "reference"),
+     "'clip.1.runs.reference.examples_per_s'"),
 ])
 def test_a_missing_key_names_the_script_and_the_key(extract, data, path, key):
   data = copy.deepcopy(data)
@@ -148,7 +191,8 @@ def test_a_missing_key_names_the_script_and_the_key(extract, data, path, key):
     extract(data)
   script = {run_all.extract_bert: "bench_bert.py", run_all.extract_search: "bench_search.py",
             run_all.extract_bart_train: "bench_bart_train.py",
-            run_all.extract_trainer: "bench_trainer.py"}[extract]
+            run_all.extract_trainer: "bench_trainer.py",
+            run_all.extract_contrastive: "bench_contrastive.py"}[extract]
   assert str(e.value).startswith(f"{script}: key {key} is missing"), str(e.value)
 
 
