@@ -2,11 +2,14 @@
 
 import os
 
+from tests import tiny_job  # Neither imports JAX: the set-up below comes first.
+from tests.processes import FAST_COMPILE_FLAGS
+
 # The legacy CPU fusion path compiles the suite's many small programs faster (measured:
 # test_explanation_generator + test_decoding 188 s -> 127 s on 2 cores); jax is pinned
-# below 0.11 in pyproject.toml, where XLA still knows the flag.
+# below 0.11 in pyproject.toml, where XLA still knows the flag. FAST_COMPILE_FLAGS: see there.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_cpu_use_fusion_emitters=false")
+                      f"--xla_cpu_use_fusion_emitters=false {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,3 +25,9 @@ def one_torch_thread():
   torch.set_num_threads(1)
   yield
   torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_main_job(tmp_path_factory):
+  """The tiny main job with a few steps per training (tests/tiny_job.py), run once."""
+  return tiny_job.run(tmp_path_factory.mktemp("tiny_main_job"))

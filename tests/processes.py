@@ -1,7 +1,8 @@
-"""Running the project's scripts as JAX processes for the multi-process tests.
+"""Running the project's scripts as subprocesses: the script tests and the multi-process
+tests.
 
-Every run is a subprocess with its own XLA_FLAGS (the pytest process already has 8 fake
-devices) and a shared persistent compilation cache. Runs that are one job's processes are
+Every run has its own XLA_FLAGS (the pytest process already has 8 fake devices); a
+multi-process job's runs share a persistent compilation cache. Runs that are one job's processes are
 started together and waited for with one deadline; a failed process ends the wait at once
 (its peers would otherwise block in a collective until the deadline).
 """
@@ -24,21 +25,36 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def environment(devices: int, cache_dir: Path) -> dict[str, str]:
-  """This environment with `devices` fake CPU devices and nothing that makes a run think
-  it is part of a multi-process job."""
+# XLA's costly CPU optimisations off: compiling is most of what the suite's tiny programs
+# cost (measured: tests/test_explain_script.py 120 -> 52 CPU-seconds), and the programs run
+# no slower at these sizes; results agree within every test's tolerance.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def xla_flags(devices: int = 1) -> str:
+  """XLA_FLAGS for a process with `devices` fake CPU devices that compiles fast."""
+  fakes = f"--xla_force_host_platform_device_count={devices} " if devices > 1 else ""
+  return fakes + FAST_COMPILE_FLAGS
+
+
+def script_environment(devices: int = 1) -> dict[str, str]:
+  """This environment for a script subprocess: `devices` fake CPU devices (one: the
+  scripts' default machine), the repository importable, nothing fetched from a hub, and
+  nothing that makes the run think it is part of a multi-process job."""
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("JAX_COORDINATOR", "SLURM_", "OMPI_", "MEGASCALE_"))}
-  env.update(
-      # XLA's costly CPU optimisations off: they take most of the compile time, which is
-      # most of each run (both sides of every comparison compile alike).
-      XLA_FLAGS=(f"--xla_force_host_platform_device_count={devices} "
-                 "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"),
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p]),
-      JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  env.update(XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1",
+             TRANSFORMERS_OFFLINE="1",
+             PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p]))
+  return env
+
+
+def environment(devices: int, cache_dir: Path) -> dict[str, str]:
+  """`script_environment(devices)` sharing a persistent compilation cache in `cache_dir`."""
+  env = script_environment(devices)
+  env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   return env
 
 

@@ -8,19 +8,18 @@ nothing the test checks.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
+
+from tests.processes import script_environment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_contrastive.py"
 
 
 def _run(tmp_path: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # One device, no fakes.
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0",
-             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+  env = script_environment()  # One device, no fakes.
   return subprocess.run([sys.executable, str(SCRIPT), *flags], cwd=tmp_path, env=env,
                         capture_output=True, text=True, timeout=300)
 

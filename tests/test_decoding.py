@@ -18,6 +18,7 @@ from flax import nnx
 from mocheg_jax.data import tokenizers
 from mocheg_jax.models import decoding
 from mocheg_jax.models.hf import bart as hf_bart
+from tests.processes import script_environment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB, PAD, EOS, BOS = 300, 1, 2, 0  # >= 261: the byte-level BPE's minimum.
@@ -249,8 +250,7 @@ def test_bad_settings_are_named(models):
 
 
 def _run_script(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # One device is enough (and faster) for the script.
+  env = script_environment()  # One device is enough (and faster) for the script.
   python = REPO / ".venv" / "bin" / "python"
   return subprocess.run([str(python) if python.exists() else sys.executable,
                          "scripts/generate.py", *args], cwd=REPO, env=env,

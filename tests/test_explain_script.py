@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from mocheg_jax.retrieval import results as results_lib
 from mocheg_jax.train import loop
 from mocheg_jax.utils.configs import load_config
 from mocheg_jax.verification import predictions
+from tests.processes import script_environment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -143,8 +143,7 @@ def test_count_truncated(generator):
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # One CPU device: the scripts' default machine.
+  env = script_environment()  # One CPU device: the scripts' default machine.
   return subprocess.run([sys.executable, "scripts/explain.py", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=600)
 

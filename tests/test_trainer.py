@@ -27,6 +27,7 @@ from mocheg_jax.train import restore
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.writer import read_metrics
 from tests import toy_task
+from tests.processes import script_environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = {"data8": (8, 1, 1), "fsdp8": (1, 8, 1), "d2f2t2": (2, 2, 2)}
@@ -190,9 +191,7 @@ def train_command(workdir, *overrides):
 
 
 def subprocess_env():
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  return env
+  return script_environment(devices=2)
 
 
 def run(workdir, *overrides, timeout=240):

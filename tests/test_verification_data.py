@@ -283,7 +283,11 @@ def test_a_second_build_encodes_only_new_keys(tmp_path, world, model, tokenizer,
   features.build_store(fresh, model, tokenizer, new_texts[:4], new_images[:2],
                        fingerprint=FINGERPRINT, max_text_len=MAX_TEXT_LEN, batch_size=16)
   other = features.open_store(fresh)
-  np.testing.assert_array_equal(store.text(new_texts[:4])[0], other.text(new_texts[:4])[0])
+  # Not bit-equal: the two builds run different batch shapes, which XLA may sum in another
+  # order (one float16 ulp seen with its CPU optimisations off).
+  np.testing.assert_allclose(store.text(new_texts[:4])[0].astype(np.float32),
+                             other.text(new_texts[:4])[0].astype(np.float32),
+                             rtol=2e-3, atol=1e-4)
   np.testing.assert_allclose(store.image(new_images[:2]).astype(np.float32),
                              other.image(new_images[:2]).astype(np.float32), atol=2e-3)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from mocheg_jax.train.restore import load_trained
 from mocheg_jax.train.writer import read_metrics
 from mocheg_jax.utils.configs import load_config
 from mocheg_jax.verification import stance
+from tests.processes import script_environment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -79,8 +79,7 @@ def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = script_environment()
   return subprocess.run([sys.executable, "scripts/verify.py", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=600)
 

@@ -1,5 +1,6 @@
-"""The README's main job, end to end on the tiny world (data, retrieval stage with Table 3),
-its resume behaviour, and the retrieval scripts run on what it trained."""
+"""The README's main job, end to end on the tiny world (every stage, Tables 3-5, the
+pipeline folder), its resume behaviour, and the scripts run on what it trained. The job is
+the session's `tiny_main_job` (tests/tiny_job.py: a few steps per training)."""
 
 import json
 import os
@@ -13,16 +14,16 @@ import pytest
 from mocheg_jax import workflow
 from mocheg_jax.metrics import trec
 from mocheg_jax.retrieval.results import read_results
+from tests import tiny_job
+from tests.processes import script_environment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def main_job(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("main_job")
-  lines = []
-  summary = workflow.run("tiny", str(workdir), seed=0, log=lines.append)
-  return workdir, summary, "\n".join(lines)
+def main_job(tiny_main_job):
+  """The session's tiny main job (scripts/run_pipeline.py, a few steps per training)."""
+  return tiny_main_job.workdir, tiny_main_job.summary, tiny_main_job.log
 
 
 def test_main_job_runs_and_resumes(main_job):
@@ -52,14 +53,13 @@ def test_main_job_runs_and_resumes(main_job):
   # A second run reuses every finished step (the world is not rewritten).
   stamp = os.path.getmtime(workdir / "release" / "Corpus3.csv")
   lines = []
-  workflow.run("tiny", str(workdir), seed=0, log=lines.append)
+  workflow.run("tiny", str(workdir), seed=0, log=lines.append, overrides=tiny_job.OVERRIDES)
   assert any("reused from" in line for line in lines)
   assert os.path.getmtime(workdir / "release" / "Corpus3.csv") == stamp
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # One CPU device: the scripts' default machine.
+  env = script_environment()  # One CPU device: the scripts' default machine.
   return subprocess.run([sys.executable, f"scripts/{name}", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=600)
 
