@@ -2,9 +2,9 @@
 tests.
 
 Every run has its own XLA_FLAGS (the pytest process already has 8 fake devices); a
-multi-process job's runs share a persistent compilation cache. Runs that are one job's processes are
-started together and waited for with one deadline; a failed process ends the wait at once
-(its peers would otherwise block in a collective until the deadline).
+multi-process job's runs share a persistent compilation cache. Runs that are one job's
+processes are started together and waited for with one deadline; a failed process ends the
+wait at once (its peers would otherwise block in a collective until the deadline).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def free_port() -> int:
 
 
 # XLA's costly CPU optimisations off: compiling is most of what the suite's tiny programs
-# cost (measured: tests/test_explain_script.py 120 -> 52 CPU-seconds), and the programs run
-# no slower at these sizes; results agree within every test's tolerance.
+# cost, and running them unoptimised costs far less than optimising them (measured:
+# tests/test_explain_script.py 120 -> 52 CPU-seconds); results agree within every test's
+# tolerance.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
