@@ -50,6 +50,14 @@ def script_environment(devices: int = 1) -> dict[str, str]:
   return env
 
 
+def run_script(script: Path, *args: str, cwd: Path = REPO, timeout_s: float = 300
+               ) -> subprocess.CompletedProcess:
+  """Runs `python script args` on one CPU device (`script_environment()`), output captured."""
+  return subprocess.run([sys.executable, str(script), *args], cwd=cwd,
+                        env=script_environment(), capture_output=True, text=True,
+                        timeout=timeout_s)
+
+
 def environment(devices: int, cache_dir: Path) -> dict[str, str]:
   """`script_environment(devices)` sharing a persistent compilation cache in `cache_dir`."""
   env = script_environment(devices)

@@ -10,18 +10,15 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
-import sys
 
-from tests.processes import script_environment
+from tests.processes import run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_contrastive.py"
 
 
 def _run(tmp_path: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
-  env = script_environment()  # One device, no fakes.
-  return subprocess.run([sys.executable, str(SCRIPT), *flags], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
+  return run_script(SCRIPT, *flags, cwd=tmp_path)  # One device, no fakes.
 
 
 def test_tiny_run_writes_every_field_and_the_two_sides_agree(tmp_path):
