@@ -81,6 +81,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
+from mocheg_jax.utils import host_devices as host_devices_lib  # noqa: E402  (imports no JAX)
+
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "Trainer runs (overhead part), each with its "
                                "own set-up and compilation.")
 _WINDOWS = flags.DEFINE_integer("windows", 6, "Timed windows of log_every steps per side per "
@@ -417,12 +419,7 @@ def _cpu_seconds() -> float:
 
 def _set_up_jax(host_devices: int) -> None:
   """CPU platform with `host_devices` fake devices, before JAX is first imported."""
-  if "jax" in sys.modules:
-    raise RuntimeError("JAX was imported before the device count was set")
-  xla_flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in xla_flags:
-    os.environ["XLA_FLAGS"] = (f"{xla_flags} --xla_force_host_platform_device_count="
-                               f"{host_devices}").strip()
+  host_devices_lib.use_host_devices(host_devices)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 

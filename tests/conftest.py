@@ -2,13 +2,15 @@
 
 import os
 
-from tests import tiny_job  # Neither imports JAX: the set-up below comes first.
+# None of these imports JAX: the set-up below comes first.
+from mocheg_jax.utils.host_devices import host_device_flags
+from tests import tiny_job
 from tests.processes import FAST_COMPILE_FLAGS
 
 # The legacy CPU fusion path compiles the suite's many small programs faster (measured:
 # test_explanation_generator + test_decoding 188 s -> 127 s on 2 cores); jax is pinned
 # below 0.11 in pyproject.toml, where XLA still knows the flag. FAST_COMPILE_FLAGS: see there.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+os.environ.setdefault("XLA_FLAGS", f"{host_device_flags(8)} "
                       f"--xla_cpu_use_fusion_emitters=false {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from mocheg_jax.utils.host_devices import host_device_flags
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,8 +36,7 @@ FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expe
 
 def xla_flags(devices: int = 1) -> str:
   """XLA_FLAGS for a process with `devices` fake CPU devices that compiles fast."""
-  fakes = f"--xla_force_host_platform_device_count={devices} " if devices > 1 else ""
-  return fakes + FAST_COMPILE_FLAGS
+  return f"{host_device_flags(devices)} {FAST_COMPILE_FLAGS}".strip()
 
 
 def script_environment(devices: int = 1) -> dict[str, str]:

@@ -21,7 +21,10 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 from jax.experimental import mesh_utils
+
+from mocheg_jax.utils import host_devices
 
 AXES = ("data", "fsdp", "tensor")
 DCN_FIELDS = tuple(f"dcn_{axis}" for axis in AXES)
@@ -180,6 +183,12 @@ def make_mesh(config: Any, devices: Sequence[jax.Device] | None = None) -> jax.s
   `constrain` calls rely on.
   """
   grid = device_grid(config, devices)
+  local = [d for d in grid.flat if d.process_index == jax.process_index()]
+  if local and host_devices.unsafe_host_devices(local[0].platform, len(local)):
+    logging.warning(
+        "%d CPU devices in one process with YNNPACK fusion on: some programs compute wrong "
+        "numbers this way (see mocheg_jax/utils/host_devices.py); add %s to XLA_FLAGS",
+        len(local), host_devices.YNNPACK_OFF)
   return jax.sharding.Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
 
 
