@@ -28,6 +28,7 @@ from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.pipeline import report as report_lib
 from mocheg_jax.retrieval import stage as retrieval_stage
 from mocheg_jax.utils import configs
+from mocheg_jax.utils import paths
 from mocheg_jax.verification import stage as verification_stage
 
 # Small shapes for the one-batch smoke draw; the stage configs own the real ones.
@@ -111,6 +112,17 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
   release = os.path.abspath(release) if release else ""
   os.makedirs(workdir, exist_ok=True)
   check_overrides(scale, workdir, seed, overrides)
+  # A finished folder copied elsewhere and run again: what it recorded names the old root.
+  moved = manifest_lib.recorded_move(workdir)
+  if moved:
+    log(f"{workdir} was written at {moved[0]}: the paths recorded there are read as "
+        f"under {workdir}")
+  with paths.moved_folder(moved):
+    return _run(scale, workdir, seed, log, release, overrides, moved)
+
+
+def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], release: str,
+         overrides: configs.Overrides | None, moved: paths.Moved) -> dict:
   summary: dict = {"scale": scale, "seed": seed, "timings_s": {},
                    "release": configs.release_dir(workdir, release)}
   stage_inputs = dict(release=release, overrides=overrides)
@@ -156,7 +168,8 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
   summary["explanation_classifier"] = explanation["classifier"]
 
   def publish() -> dict:
-    manifest_lib.write_manifest(workdir, scale=scale, seed=seed, release=summary["release"])
+    manifest_lib.write_manifest(workdir, scale=scale, seed=seed, release=summary["release"],
+                                moved=moved)
     summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
         workdir, release, log))
     report = report_lib.write_report(workdir, summary, log=log)

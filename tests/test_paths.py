@@ -61,3 +61,15 @@ def test_moved_root(tmp_path):
   assert paths.moved_root(str(tmp_path), str(link)) is None
   assert paths.moved_root("/cluster/runs/tiny", str(tmp_path)) == ("/cluster/runs/tiny",
                                                                    str(tmp_path))
+
+
+def test_a_moved_folder_context_reaches_calls_given_no_move():
+  old = {"workdir": "/cluster/runs/tiny/stages/rerank"}
+  new = {"workdir": "/home/me/tiny/stages/rerank"}
+  assert not paths.same_record(old, new, None)
+  with paths.moved_folder(MOVED):
+    assert paths.same_record(old, new, None)
+    assert paths.relocate(old, None) == new
+    other = ("/a", "/b")  # A move passed explicitly wins.
+    assert paths.relocate("/cluster/runs/tiny", other) == "/cluster/runs/tiny"
+  assert paths.relocate(old, None) is old  # Gone after the block.

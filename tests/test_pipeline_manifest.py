@@ -50,6 +50,13 @@ def test_missing_parts_are_named(tmp_path):
     manifest_lib.read_manifest(str(root))
 
 
+def test_recorded_move_of_an_unfinished_or_broken_folder(tmp_path):
+  assert manifest_lib.recorded_move(str(tmp_path)) is None  # No manifest yet.
+  (tmp_path / "manifest.json").write_text("[1, 2")
+  with pytest.raises(MochegInputError, match="manifest.json: unreadable manifest"):
+    manifest_lib.recorded_move(str(tmp_path))
+
+
 def test_malformed_manifests_are_refused(tmp_path):
   root = _pipeline_folder(tmp_path / "run")
   path = root / "manifest.json"
@@ -75,10 +82,16 @@ def test_a_copied_folder_knows_where_it_was_written(tmp_path):
   manifest_lib.write_manifest(str(root), scale="tiny", seed=0)
   assert json.loads((root / "manifest.json").read_text())["written_at"] == str(root)
   assert manifest_lib.read_manifest(str(root)).moved is None  # Read in place.
+  assert manifest_lib.recorded_move(str(root)) is None
   shutil.copytree(root, tmp_path / "copy")
   shutil.rmtree(root)
   read = manifest_lib.read_manifest(str(tmp_path / "copy"))
   assert read.moved == (str(root), str(tmp_path / "copy"))
+  assert manifest_lib.recorded_move(str(tmp_path / "copy")) == read.moved
+  # The main job rerun in the copy writes its manifest again: the records it kept still
+  # name the old root, so the manifest does too.
+  manifest_lib.write_manifest(str(tmp_path / "copy"), scale="tiny", seed=0, moved=read.moved)
+  assert manifest_lib.read_manifest(str(tmp_path / "copy")).moved == read.moved
   assert read.release == str(tmp_path / "copy" / "release")
   assert read.stages["reranker"] == str(tmp_path / "copy" / "stages" / "rerank")
   # A manifest written before `written_at` existed still loads, as not moved.

@@ -16,6 +16,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.tokenizers import load_tokenizer, minilm_dir
 from mocheg_jax.models import bert
 from mocheg_jax.retrieval import rerank as rr
+from mocheg_jax.utils import paths
 
 
 # ---- loss ------------------------------------------------------------------------------------
@@ -87,6 +88,16 @@ def test_mining_cache_runs_once_and_rejects_other_settings(tmp_path):
   assert len(calls) == 1 and first == again and first["train"] == {"7": ["s5"]}
   with pytest.raises(MochegInputError, match="mine_top_k"):
     rr.cached_mining(path, {**settings, "mine_top_k": 50}, make, log=lambda _: None)
+  # A cache that names its retriever under a folder since moved: the same retriever there.
+  moved_path = str(tmp_path / "moved.json")
+  old = {**settings, "retriever": "/cluster/run/stages/retrieval_text"}
+  rr.cached_mining(moved_path, old, make, log=lambda _: None)
+  now = {**settings, "retriever": "/home/run/stages/retrieval_text"}
+  with pytest.raises(MochegInputError, match="retriever differ"):
+    rr.cached_mining(moved_path, now, make, log=lambda _: None)
+  with paths.moved_folder(("/cluster/run", "/home/run")):
+    assert rr.cached_mining(moved_path, now, make, log=lambda _: None)["settings"] == old
+  assert len(calls) == 2
   with open(path, "w") as f:
     f.write("{not json")
   with pytest.raises(MochegInputError, match="unreadable"):

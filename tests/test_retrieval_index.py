@@ -9,6 +9,7 @@ import pytest
 
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.retrieval import index as index_lib
+from mocheg_jax.utils import paths
 
 ENCODER = {"model": "minilm", "checkpoint": "/work/ckpt", "step": 100}
 DIM = 8
@@ -203,6 +204,12 @@ def test_an_index_moved_with_its_encoders_folder_opens(tmp_path):
   with pytest.raises(MochegInputError, match="built by another encoder"):
     index_lib.EmbeddingIndex.open(new / "index" / "text", expect_encoder=elsewhere,
                                   moved=moved)
+  # The main job rerun in the moved folder resumes the writer there with today's encoder.
+  with pytest.raises(MochegInputError, match="encoder"):
+    index_lib.IndexWriter(new / "index" / "text", "text", DIM, now)
+  with paths.moved_folder(moved):
+    with index_lib.IndexWriter(new / "index" / "text", "text", DIM, now) as writer:
+      assert writer.ids == ids
 
 
 def test_open_refuses_a_missing_shard(tmp_path):

@@ -2,6 +2,7 @@
 pipeline folder), its resume behaviour, and the scripts run on what it trained. The job is
 the session's `tiny_main_job` (tests/tiny_job.py: a few steps per training)."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -13,6 +14,7 @@ import pytest
 
 from mocheg_jax import workflow
 from mocheg_jax.metrics import trec
+from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.retrieval.results import read_results
 from tests import tiny_job
 from tests.processes import script_environment
@@ -26,7 +28,21 @@ def main_job(tiny_main_job):
   return tiny_main_job.workdir, tiny_main_job.summary, tiny_main_job.log
 
 
-def test_main_job_runs_and_resumes(main_job):
+@contextlib.contextmanager
+def _original_aside(workdir: pathlib.Path):
+  """The folder renamed away meanwhile, so nothing can read (or write) it; back after."""
+  aside = workdir.with_name(workdir.name + "-aside")
+  workdir.rename(aside)
+  try:
+    yield
+    assert not workdir.exists(), "the copy's run wrote into the original's place"
+  finally:
+    if workdir.exists():
+      shutil.rmtree(workdir)
+    aside.rename(workdir)  # Later tests use the original.
+
+
+def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   workdir, summary, text = main_job
   assert "| refuted / supported / NEI |" in text and "KB: " in text
   assert set(summary["batches"]) == {"text_retrieval", "image_retrieval", "verification",
@@ -50,12 +66,20 @@ def test_main_job_runs_and_resumes(main_job):
   assert all(len(r.text_ids) == 10 and len(r.images) == 10 for r in results.values())
   on_disk = json.load(open(workdir / "summary.json"))
   assert on_disk["batches"] == summary["batches"]
-  # A second run reuses every finished step (the world is not rewritten).
-  stamp = os.path.getmtime(workdir / "release" / "Corpus3.csv")
+  # A second run reuses every finished step (the world is not rewritten), here in a copy of
+  # the folder made elsewhere (a job moved off a cluster): the paths the first run recorded
+  # (saved configs, mining cache, index headers, feature stores) are read as the copy's.
+  copy = tmp_path / "elsewhere" / "workdir"
+  shutil.copytree(workdir, copy, symlinks=True)
+  stamp = os.path.getmtime(copy / "release" / "Corpus3.csv")
   lines = []
-  workflow.run("tiny", str(workdir), seed=0, log=lines.append, overrides=tiny_job.OVERRIDES)
+  with _original_aside(workdir):
+    workflow.run("tiny", str(copy), seed=0, log=lines.append, overrides=tiny_job.OVERRIDES)
+    assert manifest_lib.read_manifest(str(copy)).moved == (str(workdir), str(copy))
+  assert any(f"was written at {workdir}" in line for line in lines)
+  assert sum("resumed from" in line for line in lines) == 10  # Every training.
   assert any("reused from" in line for line in lines)
-  assert os.path.getmtime(workdir / "release" / "Corpus3.csv") == stamp
+  assert os.path.getmtime(copy / "release" / "Corpus3.csv") == stamp
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -187,15 +211,8 @@ def test_a_moved_pipeline_folder_checks_claims_alike(main_job, tmp_path):
   original, original_with_image = check(workdir)
   copy = tmp_path / "elsewhere" / "pipeline"
   shutil.copytree(workdir, copy, symlinks=True)
-  aside = workdir.with_name(workdir.name + "-aside")
-  workdir.rename(aside)  # Nothing may read (or write) the original while the copy works.
-  try:
+  with _original_aside(workdir):
     moved, moved_with_image = check(copy)
-    assert not workdir.exists(), "loading the copy wrote into the original's place"
-  finally:
-    if workdir.exists():
-      shutil.rmtree(workdir)
-    aside.rename(workdir)  # Later tests use the original.
   for a, b in zip(original + [original_with_image], moved + [moved_with_image], strict=True):
     assert b.claim == a.claim
     assert [e.id for e in b.text_evidence] == [e.id for e in a.text_evidence]

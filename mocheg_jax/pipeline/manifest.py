@@ -71,16 +71,20 @@ class Manifest:
 
 
 def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "",
-                   settings: Settings = Settings()) -> str:
+                   settings: Settings = Settings(), moved: paths.Moved = None) -> str:
   """Writes the main job's manifest (atomically) and returns its path; every part must
   exist already (checked by reading it back). `release`: the release folder the pipeline
-  was trained on, when not the synthetic world in PIPELINE_DIR/release."""
+  was trained on, when not the synthetic world in PIPELINE_DIR/release. `moved`: the job
+  reran in a folder moved since it was first written (`recorded_move`); the records kept
+  from then still name the old root, so the manifest keeps it as `written_at` (records
+  written now, under the new root, relocate to themselves)."""
   root = os.path.abspath(pipeline_dir)
   if release:
     release = os.path.abspath(release)
     if release == root or release.startswith(root + os.sep):
       release = os.path.relpath(release, root)  # Inside the folder: moves with it.
-  data = {"format": FORMAT, "scale": scale, "seed": seed, "written_at": root,
+  data = {"format": FORMAT, "scale": scale, "seed": seed,
+          "written_at": moved[0] if moved else root,
           "release": release or RELEASE,
           "stages": dict(STAGES), "indexes": dict(INDEXES),
           "settings": dataclasses.asdict(settings)}
@@ -91,6 +95,21 @@ def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "
   os.replace(tmp, path)
   read_manifest(pipeline_dir)
   return path
+
+
+def recorded_move(pipeline_dir: str) -> paths.Moved:
+  """(old root, new root) when `pipeline_dir` holds a manifest written elsewhere (the folder
+  was copied since), else None. Reads only `written_at`, so a folder whose stages are being
+  retrained still answers."""
+  path = os.path.join(pipeline_dir, MANIFEST)
+  try:
+    with open(path) as f:
+      written_at = json.load(f).get("written_at")
+  except FileNotFoundError:
+    return None
+  except (OSError, json.JSONDecodeError, AttributeError) as e:
+    raise MochegInputError(f"{path}: unreadable manifest ({e})") from None
+  return paths.moved_root(written_at, pipeline_dir) if isinstance(written_at, str) else None
 
 
 def _relative_paths(data: dict, key: str, names: dict, path: str) -> dict[str, str]:

@@ -200,7 +200,9 @@ class IndexWriter:
     found = _read_json(header_path)
     if not isinstance(found, dict):
       raise MochegInputError(f"{header_path}: expected a JSON object")
-    diffs = _differences(found, self.header)
+    # In a folder moved since (paths.moved_folder), the encoder's paths name the old root.
+    diffs = [] if paths.same_record(found, self.header, None) else _differences(
+        paths.relocate(found, None), paths.relocate(self.header, None))
     if diffs:
       raise MochegInputError(f"{header_path}: the index there was started with "
                              f"{'; '.join(diffs)}; use another folder or delete it")

@@ -57,6 +57,7 @@ from mocheg_jax.retrieval import evaluation
 from mocheg_jax.retrieval import text_task
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
+from mocheg_jax.utils import paths
 
 TRAIN_SPLIT, DEV_SPLIT = "train", "val"
 MINED_FILE = "mined_negatives.json"
@@ -260,8 +261,9 @@ def cached_mining(path: str, settings: dict[str, Any], make: Callable[[], dict],
     except (OSError, json.JSONDecodeError) as e:
       raise MochegInputError(f"{path}: unreadable mining cache ({e}); delete it to mine "
                              "again") from e
-    if cached.get("settings") != settings:
-      diff = sorted(k for k in settings if (cached.get("settings") or {}).get(k) != settings[k])
+    if not paths.same_record(cached.get("settings"), settings, None):
+      found = paths.relocate(cached.get("settings") or {}, None)
+      diff = sorted(k for k in settings if found.get(k) != paths.relocate(settings[k], None))
       raise MochegInputError(f"{path} was mined with other settings ({', '.join(diff)} "
                              "differ from the config); delete it or use a new workdir")
     return cached

@@ -9,14 +9,33 @@ one, and `same_record` compares a record read from the folder with one computed 
 
 Paths outside the old root (a release in /data, a model folder in /models) and relative
 paths are left as they are: they never moved with the folder.
+
+Code that reads a moved folder passes `moved` where it loads (the fact checker), or runs
+inside `with moved_folder(moved):` (the main job rerun on a moved folder: the move then
+reaches every `relocate` and `same_record` deep in the stages, the trainer's tasks
+included, without a parameter through each).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from typing import Any
+from typing import Any, Iterator
 
 Moved = tuple[str, str] | None  # (the root as written, the root as read now), or None.
+
+_AMBIENT: contextvars.ContextVar[Moved] = contextvars.ContextVar("moved_folder", default=None)
+
+
+@contextlib.contextmanager
+def moved_folder(moved: Moved) -> Iterator[None]:
+  """Within it, `relocate` and `same_record` given no move (None) use `moved`."""
+  token = _AMBIENT.set(moved)
+  try:
+    yield
+  finally:
+    _AMBIENT.reset(token)
 
 
 def moved_root(written_at: str | None, root: str) -> Moved:
@@ -35,7 +54,9 @@ def relocate(value: Any, moved: Moved) -> Any:
 
   Strings, and the strings inside dicts, lists and tuples (nested), are rewritten; a path
   that is not under the old root, a relative path and anything else come back unchanged.
+  `moved` None: the ambient `moved_folder`, if any.
   """
+  moved = moved if moved is not None else _AMBIENT.get()
   if moved is None:
     return value
   old, new = moved
@@ -58,7 +79,8 @@ def relocate(value: Any, moved: Moved) -> Any:
 def same_record(found: Any, wanted: Any, moved: Moved) -> bool:
   """`found` (read from the folder) equals `wanted` (computed now) as written, or once the
   paths of both under the old root are moved to the new one (so either side may name the
-  old folder)."""
+  old folder). `moved` None: the ambient `moved_folder`, if any."""
   if found == wanted:
     return True
+  moved = moved if moved is not None else _AMBIENT.get()
   return moved is not None and relocate(found, moved) == relocate(wanted, moved)
