@@ -30,7 +30,11 @@ _AMBIENT: contextvars.ContextVar[Moved] = contextvars.ContextVar("moved_folder",
 
 @contextlib.contextmanager
 def moved_folder(moved: Moved) -> Iterator[None]:
-  """Within it, `relocate` and `same_record` given no move (None) use `moved`."""
+  """Within it, `relocate` and `same_record` given no move (None) use `moved`.
+
+  A context variable: threads started inside do not see it (the main job's comparisons all
+  run on its main thread); pass `moved` explicitly to code that runs elsewhere.
+  """
   token = _AMBIENT.set(moved)
   try:
     yield
