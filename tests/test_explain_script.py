@@ -7,7 +7,6 @@ import csv
 import json
 import pathlib
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -21,7 +20,7 @@ from mocheg_jax.retrieval import results as results_lib
 from mocheg_jax.train import loop
 from mocheg_jax.utils.configs import load_config
 from mocheg_jax.verification import predictions
-from tests.processes import script_environment
+from tests.processes import run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -143,9 +142,7 @@ def test_count_truncated(generator):
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
-  env = script_environment()  # One CPU device: the scripts' default machine.
-  return subprocess.run([sys.executable, "scripts/explain.py", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
+  return run_script(REPO / "scripts" / "explain.py", *args, timeout_s=600)  # One CPU device.
 
 
 def _read(path):

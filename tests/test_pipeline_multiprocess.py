@@ -106,17 +106,13 @@ def test_two_processes_run_the_main_job_like_one(tiny_main_job, two_processes):
   assert "Table 5" in outputs["process0"] and "Table 5" not in outputs["process1"]
 
 
-def _assert_same_params(single: Path, multi: Path, name: str) -> None:
-  reference, params = _params(single / "stages" / name), _params(multi / "stages" / name)
-  assert sorted(params) == sorted(reference), name
-  for key, value in reference.items():
-    np.testing.assert_allclose(params[key], value, rtol=RTOL, atol=ATOL,
-                               err_msg=f"{name}: parameter {key}")
-
-
 def _assert_same_results(single: Path, multi: Path) -> None:
   for name in STAGES:
-    _assert_same_params(single, multi, name)
+    reference, params = _params(single / "stages" / name), _params(multi / "stages" / name)
+    assert sorted(params) == sorted(reference), name
+    for key, value in reference.items():
+      np.testing.assert_allclose(params[key], value, rtol=RTOL, atol=ATOL,
+                                 err_msg=f"{name}: parameter {key}")
 
   for table in ("table3.json", "table4.json", "table5.json"):
     _assert_numbers_close(json.loads((single / table).read_text()),

@@ -8,7 +8,6 @@ import csv
 import json
 import pathlib
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -23,7 +22,7 @@ from mocheg_jax.train.restore import load_trained
 from mocheg_jax.train.writer import read_metrics
 from mocheg_jax.utils.configs import load_config
 from mocheg_jax.verification import stance
-from tests.processes import script_environment
+from tests.processes import run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -79,9 +78,7 @@ def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:
-  env = script_environment()
-  return subprocess.run([sys.executable, "scripts/verify.py", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
+  return run_script(REPO / "scripts" / "verify.py", *args, timeout_s=600)  # One CPU device.
 
 
 def _read(path):

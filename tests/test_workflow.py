@@ -8,7 +8,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +16,7 @@ from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.retrieval.results import read_results
 from tests import tiny_job
-from tests.processes import script_environment
+from tests.processes import run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,9 +82,7 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-  env = script_environment()  # One CPU device: the scripts' default machine.
-  return subprocess.run([sys.executable, f"scripts/{name}", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
+  return run_script(REPO / "scripts" / name, *args, timeout_s=600)  # One CPU device.
 
 
 def _fails_with(proc: subprocess.CompletedProcess, message: str) -> None:

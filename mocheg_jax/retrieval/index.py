@@ -201,8 +201,7 @@ class IndexWriter:
     if not isinstance(found, dict):
       raise MochegInputError(f"{header_path}: expected a JSON object")
     # In a folder moved since (paths.moved_folder), the encoder's paths name the old root.
-    diffs = [] if paths.same_record(found, self.header, None) else _differences(
-        paths.relocate(found, None), paths.relocate(self.header, None))
+    diffs = _differences(paths.relocate(found, None), paths.relocate(self.header, None))
     if diffs:
       raise MochegInputError(f"{header_path}: the index there was started with "
                              f"{'; '.join(diffs)}; use another folder or delete it")
