@@ -29,7 +29,31 @@ def one_torch_thread():
   torch.set_num_threads(threads)
 
 
+# The session's shared runs (tests/tiny_job.py): the fixture that waits for each, and how to
+# start it.
+_SHARED_RUNS = {"tiny_main_job": tiny_job.start_one_process,
+                "two_process_job": tiny_job.start_two_processes}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_runs(request, tmp_path_factory):
+  """Starts, at the session's first test, the shared runs some collected test needs; they go
+  on in the background (tests/tiny_job.py says why) and are killed at the session's end."""
+  needed = {name for item in request.session.items for name in item.fixturenames
+            if name in _SHARED_RUNS}
+  started = {name: _SHARED_RUNS[name](tmp_path_factory.mktemp(name)) for name in sorted(needed)}
+  yield started
+  for run in started.values():
+    run.kill()
+
+
 @pytest.fixture(scope="session")
-def tiny_main_job(tmp_path_factory):
-  """The tiny main job with a few steps per training (tests/tiny_job.py), run once."""
-  return tiny_job.run(tmp_path_factory.mktemp("tiny_main_job"))
+def tiny_main_job(_shared_runs):
+  """The tiny main job with a few steps per training, one process (tests/tiny_job.py)."""
+  return _shared_runs["tiny_main_job"].result()
+
+
+@pytest.fixture(scope="session")
+def two_process_job(_shared_runs):
+  """The same job as 2 JAX processes x 1 CPU device (tests/tiny_job.py)."""
+  return _shared_runs["two_process_job"].result()

@@ -71,8 +71,8 @@ def environment(devices: int, cache_dir: Path) -> dict[str, str]:
 class Runs:
   """Script subprocesses started together, waited for with one deadline, killed if left."""
 
-  def __init__(self, log_dir: Path, timeout_s: float):
-    self.log_dir, self.timeout_s = log_dir, timeout_s
+  def __init__(self, log_dir: Path, timeout_s: float, *, niceness: int = 0):
+    self.log_dir, self.timeout_s, self.niceness = log_dir, timeout_s, niceness
     self.procs: list[tuple[str, subprocess.Popen, Path, Path]] = []
 
   def start(self, name: str, script: str, args: list[str], env: dict[str, str]) -> None:
@@ -81,7 +81,9 @@ class Runs:
     with open(out, "wb") as o, open(err, "wb") as e:
       proc = subprocess.Popen([sys.executable, str(REPO / script), *args],
                               cwd=REPO, env=env, stdout=o, stderr=e,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL,
+                              preexec_fn=(lambda: os.nice(self.niceness)) if self.niceness
+                              else None)
     self.procs.append((name, proc, out, err))
 
   def _report(self) -> str:

@@ -1,9 +1,9 @@
 """The tiny main job as two JAX processes (jax.distributed on CPU, gloo) against one.
 
 Two `scripts/run_pipeline.py` processes with one CPU device each run the tiny main job into
-one shared workdir; the reference is the session's one-process run with 2 fake devices
-(the `tiny_main_job` fixture: more devices per process cost far more time in gloo than they
-test). Every stage trains a few steps only (the trainings are the collective part; the rest
+one shared workdir (the `two_process_job` fixture); the reference is the session's
+one-process run with 2 fake devices (the `tiny_main_job` fixture: more devices per process
+cost far more time in gloo than they test). Both are tests/tiny_job.py's shared runs. Every stage trains a few steps only (the trainings are the collective part; the rest
 runs on process 0 alone). The two runs must end with the same parameters in every stage, the
 same runs, labels and explanations, the same tables, and one report and manifest written by
 process 0.
@@ -16,14 +16,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 from flax import traverse_util
 
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.loop import CHECKPOINT_DIR
-from mocheg_jax.utils.host_devices import YNNPACK_OFF
-from tests.processes import Runs, environment, free_port, process_flags
-from tests.tiny_job import STEPS, TIMEOUT_S, override_flags
+from tests.tiny_job import STEPS
 
 RTOL, ATOL = 1e-4, 1e-6
 # The REINFORCE generator's tied embedding is what caught YNNPACK computing wrong gradients
@@ -73,35 +70,10 @@ def _assert_numbers_close(a, b, where: str) -> None:
     assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.fixture(scope="module")
-def two_processes(tiny_main_job, tmp_path_factory):
-  """The tiny main job as 2 processes x 1 device: (its workdir, each process's stdout)."""
-  root = tmp_path_factory.mktemp("two_processes")
-  multi, logs = root / "workdir", root / "logs"
-  logs.mkdir()
-  runs = Runs(logs, TIMEOUT_S)
-  coordinator = f"localhost:{free_port()}"
-  # The reference's 2 devices in one process run without YNNPACK's kernels (they must:
-  # mocheg_jax/utils/host_devices.py); these do the same, so that both layouts add in the
-  # same order (with YNNPACK here, 4 Adam steps left one word embedding 5.6e-6 apart).
-  env = environment(1, tiny_main_job.cache_dir)
-  env["XLA_FLAGS"] += f" {YNNPACK_OFF}"
-  try:
-    for process in range(2):
-      runs.start(f"process{process}", "scripts/run_pipeline.py",
-                 ["--scale=tiny", *override_flags(), f"--workdir={multi}",
-                  *process_flags(coordinator, 2, process, style="flags")],
-                 env)
-    outputs = runs.wait()
-  finally:
-    runs.kill()
-  return multi, outputs
-
-
-def test_two_processes_run_the_main_job_like_one(tiny_main_job, two_processes):
-  multi, outputs = two_processes
-  _assert_same_results(tiny_main_job.workdir, multi)
+def test_two_processes_run_the_main_job_like_one(tiny_main_job, two_process_job):
+  _assert_same_results(tiny_main_job.workdir, two_process_job.workdir)
   # Process 0 alone fact-checks the sample claims and prints the tables.
+  outputs = two_process_job.outputs
   assert '{"claim": ' in outputs["process0"] and '{"claim": ' not in outputs["process1"]
   assert "Table 5" in outputs["process0"] and "Table 5" not in outputs["process1"]
 

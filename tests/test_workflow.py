@@ -78,6 +78,11 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   assert any(f"was written at {workdir}" in line for line in lines)
   assert sum("resumed from" in line for line in lines) == 10  # Every training.
   assert any("reused from" in line for line in lines)
+  # So is every evaluation (Tables 3-5), and the tables are the first run's.
+  assert sum("evaluation reused from" in line for line in lines) == 3
+  rerun = json.loads((copy / "summary.json").read_text())
+  for table in ("retrieval", "verification", "explanation"):
+    assert rerun[table] == summary[table]
   assert os.path.getmtime(copy / "release" / "Corpus3.csv") == stamp
 
 

@@ -38,7 +38,7 @@ from mocheg_jax.explanation import inputs as inputs_lib
 from mocheg_jax.explanation import table5
 from mocheg_jax.models import encoding
 from mocheg_jax.parallel import distributed
-from mocheg_jax.train import loop
+from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.utils import configs
 from mocheg_jax.verification import stage as verification_stage
@@ -51,6 +51,8 @@ RETRIEVAL_RESULTS = os.path.join("runs", "retrieval_results.csv")
 VERIFY_RESULTS = verification_stage.VERIFY_RESULTS  # What the verification stage writes.
 EXPLANATIONS_DIR = os.path.join("runs", "explanations")
 BERT_SCORE_MAX_LEN = 256  # Tokens per text for BERTScore (longer texts keep their start).
+# What the evaluation writes (relative to WORKDIR): a rerun reuses it while these are intact.
+OUTPUTS = (EXPLANATIONS_DIR, table5.TABLE_JSON, table5.TABLE_MD)
 
 # The main job's tiny run is a plumbing check inside a test budget: fewer steps than
 # configs/*.py:tiny (which are for a standalone run) and one evaluation, at the end; the
@@ -228,11 +230,28 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   for folder, rewarded in GENERATORS.values():
     train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
                                    **inputs), os.path.join(stages, folder))
+  def evaluate() -> dict:
+    retriever = os.path.join(stages, RETRIEVER_DIR)
+    folders = [classifier_dir, *(os.path.join(stages, f) for f, _ in GENERATORS.values())]
+    inputs = {"trained": [evaluations.trained(d) for d in folders],
+              "bert_score": (evaluations.trained(retriever) if _has_checkpoints(retriever)
+                             else None),
+              "system_evidence": evaluations.file(system_evidence),
+              "system_labels": evaluations.file(system_labels), "release": reader.root,
+              "release_files": evaluations.folder_sizes(reader.root), "split": SPLIT}
+    out = evaluations.reuse(workdir, "explanation", inputs, OUTPUTS, lambda: _evaluate(
+        workdir, reader, classifier_dir, system_evidence, system_labels, log), log)
+    log(f"\nTable 5 ({SPLIT} split, synthetic world):\n" + out["table"])
+    return out
+
   # The trainings above are collective; generating and scoring is process 0's alone.
-  out = distributed.primary_only("explanation_stage", lambda: _evaluate(
-      workdir, reader, classifier_dir, system_evidence, system_labels, log))
+  out = distributed.primary_only("explanation_stage", evaluate)
   log("explanation trainings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
   return {**out, "timings_s": timings}
+
+
+def _has_checkpoints(stage_dir: str) -> bool:
+  return os.path.isdir(os.path.join(stage_dir, loop.CHECKPOINT_DIR))
 
 
 def _evaluate(workdir: str, reader: MochegRelease, classifier_dir: str,
@@ -256,7 +275,7 @@ def _evaluate(workdir: str, reader: MochegRelease, classifier_dir: str,
     log(f"explanation inputs, {e} evidence x {l} labels: {x.summary()}")
   references = {c.claim_id: c.explanation for c in reader.claims(SPLIT)}
   retriever = os.path.join(stages, RETRIEVER_DIR)
-  if os.path.isdir(os.path.join(retriever, loop.CHECKPOINT_DIR)):
+  if _has_checkpoints(retriever):
     embed = token_embedder(retriever)
   else:  # Not a failure: the table is complete without it.
     embed = None
@@ -294,5 +313,4 @@ def _evaluate(workdir: str, reader: MochegRelease, classifier_dir: str,
   table5.write_table(rows, workdir)
   markdown = table5.format_table(rows) + "\n" + format_agreement(rows, classifier_scores)
   _write_markdown(os.path.join(workdir, table5.TABLE_MD), markdown)
-  log(f"\nTable 5 ({SPLIT} split, synthetic world):\n" + markdown)
   return {"rows": rows, "table": markdown, "classifier": classifier_scores}

@@ -27,7 +27,7 @@ from mocheg_jax.data.synthetic import knowledge, scales
 from mocheg_jax.metrics.classification import classification_report
 from mocheg_jax.models import encoding
 from mocheg_jax.parallel import distributed
-from mocheg_jax.train import loop
+from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.utils import configs
 from mocheg_jax.verification import baselines
@@ -42,6 +42,8 @@ MODES = {"text+image": (True, True), "text": (True, False), "image": (False, Tru
 # in scripts/verify.py's format.
 SYSTEM_LABELS = ("text+image", "system")
 VERIFY_RESULTS = os.path.join("runs", "verify_results.csv")
+# What the evaluation writes (relative to WORKDIR): a rerun reuses it while these are intact.
+OUTPUTS = (VERIFY_RESULTS, "table4.json", "table4.md")
 
 
 def image_fact_claims(scale: str, seed: int) -> set[int]:
@@ -134,14 +136,24 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
     stage_dirs[name] = os.path.join(workdir, "stages", f"verify_{name.replace('+', '_')}")
     log(f"training verifier ({name} evidence) in {stage_dirs[name]}")
     loop.train(config, stage_dirs[name], log=log)
+
+  def evaluate() -> dict:
+    inputs = {"trained": {n: evaluations.trained(d) for n, d in stage_dirs.items()},
+              "clip": evaluations.trained(clip_dir),
+              "system_evidence": evaluations.file(system_csv),
+              "release": release_dir, "release_files": evaluations.folder_sizes(release_dir),
+              "image_facts": sorted(image_facts), "seed": seed, "split": SPLIT}
+    out = evaluations.reuse(workdir, "verification", inputs, OUTPUTS, lambda: _evaluate(
+        workdir, stage_dirs, system_csv, train_claims, image_facts, seed), log)
+    log("\nTable 4 (test split, synthetic world):\n" + out["table"])
+    return out
+
   # The trainings above are collective; scoring is process 0's alone.
-  return distributed.primary_only("verification_stage", lambda: _evaluate(
-      workdir, stage_dirs, system_csv, train_claims, image_facts, seed, log))
+  return distributed.primary_only("verification_stage", evaluate)
 
 
 def _evaluate(workdir: str, stage_dirs: dict[str, str], system_csv: str,
-              train_claims: Sequence, image_facts: set[int], seed: int,
-              log: Callable[[str], None]) -> dict:
+              train_claims: Sequence, image_facts: set[int], seed: int) -> dict:
   """Scores the trained verifiers and the baselines on the test split; writes Table 4 and
   the system labels."""
   trained = {name: load_trained(folder) for name, folder in stage_dirs.items()}
@@ -179,7 +191,6 @@ def _evaluate(workdir: str, stage_dirs: dict[str, str], system_csv: str,
                           [c.claim_id for c in claims], probabilities)
 
   markdown = format_table(rows)
-  log("\nTable 4 (test split, synthetic world):\n" + markdown)
   with open(os.path.join(workdir, "table4.json"), "w") as f:
     json.dump(rows, f, indent=2)
   with open(os.path.join(workdir, "table4.md"), "w") as f:
