@@ -128,6 +128,23 @@ def test_early_stopping_and_a_rerun_after_it(tmp_path):
   assert run().status == "finished"
 
 
+def test_a_finished_training_reruns_without_building_anything(one_device_run, monkeypatch):
+  workdir, first = one_device_run
+  config = toy_config(**{"mesh.data": 1})
+  built = []
+  monkeypatch.setattr(loop.task_lib, "resolve", lambda name: built.append(name))
+  lines = []
+  again = loop.train(config, workdir, devices=jax.devices()[:1], log=lines.append)
+  assert (again.status, again.step) == ("finished", first.step) and not built
+  assert lines == [f"finished before: {workdir}/{loop.CHECKPOINT_DIR}/{first.step} is the "
+                   "last step of the same config; nothing to do"]
+  # Another config (here more steps) is no finished run of it: the task is built to resume.
+  config.total_steps += 5
+  with pytest.raises(TypeError):  # What the stubbed resolve returned is no task factory.
+    loop.train(config, workdir, devices=jax.devices()[:1], log=lines.append)
+  assert built == [config.task]
+
+
 @pytest.mark.parametrize("name", sorted(MESHES))
 def test_mesh_equivalence_and_compiles_once(name, one_device_run, tmp_path, monkeypatch):
   data, fsdp, tensor = MESHES[name]

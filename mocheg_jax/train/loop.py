@@ -3,12 +3,14 @@
 The loop is host bookkeeping around one jitted step. It reads the device only at log,
 evaluation and checkpoint steps, so the host runs ahead and dispatch overlaps compute.
 Resuming is automatic: if WORKDIR/checkpoints holds a step, the state and the input
-position are restored from it and the run continues as if never stopped.
+position are restored from it and the run continues as if never stopped; a run of the same
+config that already reached its last step returns at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import threading
@@ -30,6 +32,7 @@ from mocheg_jax.train import task as task_lib
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.step import make_train_step
 from mocheg_jax.train.writer import MetricWriter
+from mocheg_jax.utils import paths
 from mocheg_jax.utils.progress import Progress
 
 CHECKPOINT_DIR = "checkpoints"
@@ -144,6 +147,23 @@ def _check_local_batch(batch: Mapping[str, np.ndarray], expected: int,
                        f"expects {expected} rows (config.batch_size / process count)")
 
 
+def _finished_before(config: ml_collections.ConfigDict, workdir: str) -> int | None:
+  """The last step, when an earlier run of this config (compared as `paths.same_record`:
+  a moved folder's too) already reached `total_steps`; None otherwise. A rerun of a
+  finished training then builds no task, model or state; anything else resumes as usual
+  (and a changed config continues, or fails to restore, as it would)."""
+  directory = os.path.join(workdir, CHECKPOINT_DIR)
+  if not os.path.isdir(directory):
+    return None
+  with Checkpointer(directory, read_only=True) as checkpoints:
+    latest = checkpoints.latest_step()
+    if latest is None or latest != config.total_steps:
+      return None
+    saved = checkpoints.restore_config(latest)
+  return latest if paths.same_record(saved, json.loads(json.dumps(config.to_dict())),
+                                     None) else None
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, *,
           devices: Sequence[jax.Device] | None = None,
           log: Callable[[str], None] = print) -> TrainResult:
@@ -161,6 +181,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   primary = distributed.is_primary()
   say = log if primary else (lambda _: None)
   os.makedirs(workdir, exist_ok=True)
+  finished = _finished_before(config, workdir)
+  if finished is not None:
+    say(f"finished before: {os.path.join(workdir, CHECKPOINT_DIR)}/{finished} is the last "
+        "step of the same config; nothing to do")
+    return TrainResult("finished", finished, {})
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = _rules(config)
   processes = jax.process_count()

@@ -29,7 +29,7 @@ from mocheg_jax.models import encoding
 from mocheg_jax.parallel import distributed
 from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.restore import load_trained
-from mocheg_jax.utils import configs
+from mocheg_jax.utils import configs, paths
 from mocheg_jax.verification import baselines
 from mocheg_jax.verification import task as verify_task
 from mocheg_jax.verification.evidence import ClaimEvidence
@@ -91,8 +91,11 @@ def _config(scale: str, workdir: str, seed: int, clip_dir: str, use_text: bool,
   config.verify.clip = clip_dir
   config.verify.use_text, config.verify.use_image = use_text, use_image
   # One feature store per set of frozen encoders, shared by the modes: a config that changes
-  # the encoders gets a store of its own instead of a fingerprint error.
-  encoders = json.dumps(verify_task.clip_fingerprint(config.verify, "", seed), sort_keys=True)
+  # the encoders gets a store of its own instead of a fingerprint error. Named with the
+  # encoders' paths inside WORKDIR written relative to it, so that a moved folder's rerun
+  # finds its store (and its finished verifiers' configs) under the same name.
+  encoders = json.dumps(paths.relocate(verify_task.clip_fingerprint(config.verify, "", seed),
+                                       (workdir, "WORKDIR")), sort_keys=True)
   config.verify.features_dir = os.path.join(
       workdir, "features", "verification-" + hashlib.sha1(encoders.encode()).hexdigest()[:12])
   return config
