@@ -230,6 +230,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   for folder, rewarded in GENERATORS.values():
     train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
                                    **inputs), os.path.join(stages, folder))
+
   def evaluate() -> dict:
     retriever = os.path.join(stages, RETRIEVER_DIR)
     folders = [classifier_dir, *(os.path.join(stages, f) for f, _ in GENERATORS.values())]
