@@ -35,6 +35,12 @@ _SHARED_RUNS = {"tiny_main_job": tiny_job.start_one_process,
                 "two_process_job": tiny_job.start_two_processes}
 
 
+def pytest_collection_modifyitems(items):
+  """The tests on the shared runs go last, those on both runs at the very end: the longer
+  the other tests take, the more of the runs is done in the background by then."""
+  items.sort(key=lambda item: sum(name in _SHARED_RUNS for name in item.fixturenames))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_runs(request, tmp_path_factory):
   """Starts, at the session's first test, the shared runs some collected test needs; they go
