@@ -167,6 +167,7 @@ def test_report_end_to_end(workdir):
   for name in plot_files:
     assert f"]({name})" in md
   assert "| retrieval | 12.25 |" in md
+  assert "timings count only what it did again" in md  # What a rerun's timings mean.
 
   skipped = {s["input"]: s["reason"] for s in on_disk["skipped"]}
   assert "stages/rerank/metrics.jsonl" in skipped  # Never run.

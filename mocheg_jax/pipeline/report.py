@@ -26,7 +26,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.metrics import retrieval as retrieval_metrics
 from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import plots
-from mocheg_jax.train import writer
+from mocheg_jax.train import evaluations, writer
 
 RESULTS_JSON, REPORT_MD, PLOTS_DIR = "results.json", "report.md", "plots"
 TABLES = {  # results.json key -> (file stem, markdown heading)
@@ -202,7 +202,8 @@ def _markdown(results: dict, texts: dict[str, str | None]) -> str:
   if results["timings_s"]:
     lines += ["## Timings", "", "| Step | Seconds |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in results["timings_s"].items()]
-    lines.append("")
+    lines += ["", "A rerun of the job reuses finished trainings and evaluations "
+              f"(`{evaluations.RECORDS_DIR}/`): its timings count only what it did again.", ""]
   for key, (_, heading) in TABLES.items():
     lines += [f"## {heading}", "", texts[key] or f"Not available ({key}.md missing).", ""]
     if key == "table3":
