@@ -10,7 +10,7 @@ are shared by the session (conftest.py):
   `two_process_job` fixture (tests/test_pipeline_multiprocess.py).
 Both start in the background at the session's first test when a collected test needs them
 (`start_one_process`, `start_two_processes`), niced, and the tests on them run last: they
-fill the CPU time the other tests leave idle (measured: the session 32 -> 22 minutes on 2
+fill the CPU time the other tests leave idle (measured: the session 32 -> 19-22 minutes on 2
 cores) instead of holding it up for ~12 minutes.
 """
 
