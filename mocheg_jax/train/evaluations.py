@@ -87,11 +87,10 @@ def reuse(workdir: str, name: str, inputs: dict, outputs: Sequence[str],
   """
   inputs = _plain(inputs)
   path = os.path.join(workdir, RECORDS_DIR, f"{name}.json")
-  reason = _stale(path, workdir, inputs, outputs)
+  saved, reason = _saved_result(path, workdir, inputs, outputs)
   if reason is None:
-    with open(path, encoding="utf-8") as f:
-      log(f"{name}: evaluation reused from {path} (same checkpoints, inputs and outputs)")
-      return json.load(f)["result"]
+    log(f"{name}: evaluation reused from {path} (same checkpoints, inputs and outputs)")
+    return saved
   log(f"{name}: evaluating ({reason})")
   result = _plain(evaluate())
   record = {"format": _FORMAT, "inputs": inputs,
@@ -104,21 +103,23 @@ def reuse(workdir: str, name: str, inputs: dict, outputs: Sequence[str],
   return result
 
 
-def _stale(path: str, workdir: str, inputs: dict, outputs: Sequence[str]) -> str | None:
-  """Why the saved record at `path` cannot be reused; None when it can."""
+def _saved_result(path: str, workdir: str, inputs: dict, outputs: Sequence[str]
+                  ) -> tuple[dict | None, str | None]:
+  """(the result saved at `path`, None) when it can be reused; (None, why not) otherwise."""
   if not os.path.isfile(path):
-    return "no earlier evaluation"
+    return None, "no earlier evaluation"
   try:
     with open(path, encoding="utf-8") as f:
       saved = json.load(f)
   except (OSError, ValueError) as e:
-    return f"{path} unreadable ({e})"
+    return None, f"{path} unreadable ({e})"
   if not isinstance(saved, dict) or saved.get("format") != _FORMAT or "result" not in saved:
-    return f"{path} is not a record of this version"
+    return None, f"{path} is not a record of this version"
   if not paths.same_record(saved.get("inputs"), inputs, None):
-    return "checkpoints, inputs or settings changed since the earlier evaluation"
+    return None, "checkpoints, inputs or settings changed since the earlier evaluation"
   recorded = saved.get("outputs") or {}
   for output in outputs:
     if output not in recorded or recorded[output] != _output_digest(workdir, output):
-      return f"{os.path.join(workdir, output)} changed or missing since the earlier evaluation"
-  return None
+      return None, (f"{os.path.join(workdir, output)} changed or missing since the earlier "
+                    "evaluation")
+  return saved["result"], None
