@@ -8,7 +8,8 @@ Variants:
   small: the small world; pass the main job's image retriever as the frozen CLIP
          (--config.verify.clip=WORKDIR/stages/retrieval_image) or keep a random one; text
          token states from the packaged MiniLM (verify.text_encoder), aligned to the claim's
-         by cosine (verify.text_attention).
+         by cosine (verify.text_attention), with exact token matches (verify.token_match)
+         and the items max-pooled (verify.item_pool).
   paper: the reference's settings: CLIP ViT-B/32 from a local HF folder
          (--config.verify.clip=PATH/clip-vit-base-patch32), 512-d fusion, one head, Adam
          lr 1e-3, class weights with p = 2, model selection by dev macro F1; pass the release
@@ -58,6 +59,11 @@ def get_config(variant: str = "tiny"):
     # Cosine alignment of claim and evidence tokens (beyond the paper; stance.py): dev macro
     # F1 text+image 0.68 -> 0.72, text only 0.59 -> 0.66, NEI F1 0.79 -> 0.91.
     c.verify.text_attention = "cosine"
+    # Exact token-id matches and max pooling over items (beyond the paper; stance.py): text
+    # only, gold, dev macro F1 0.655 -> 0.758 (best checkpoint, seed 0); text-fact claims
+    # 57% -> 80% right. Either alone: 0.685 (matches), 0.674 (max).
+    c.verify.token_match = True
+    c.verify.item_pool = "max"
     c.verify.dropout = 0.2
     c.verify.hidden = 128
     c.verify.clip_shape.patch_size = 8

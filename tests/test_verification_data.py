@@ -216,6 +216,11 @@ def test_store_holds_the_direct_clip_forward(store_dir, model, tokenizer, gold):
     assert mask[row].sum() == n and mask[row, :n].all()
     np.testing.assert_allclose(states[row, :n].astype(np.float32), want, rtol=1e-2, atol=1e-2)
     assert not states[row, n:].any()
+  ids = store.token_ids(picks, MAX_TEXT_LEN)
+  for row, t in enumerate(picks):
+    want = encoding.tokenize(tokenizer, [t], MAX_TEXT_LEN)[0]
+    np.testing.assert_array_equal(ids[row, :len(want)], want)
+    assert (ids[row, len(want):] == -1).all()
   short, short_mask = store.text(picks, length=5)
   assert short.shape[1] == 5 and short_mask.all()
   np.testing.assert_array_equal(short, states[:, :5])
@@ -419,6 +424,34 @@ def test_examples_have_fixed_shapes_masks_and_cut_counts(store_dir, gold):
   missing = [evidence_lib.ClaimEvidence(1, train[0].claim, 0, ("never encoded",), ())]
   with pytest.raises(MochegInputError, match="1 texts of the evidence are not in the feature"):
     data_lib.VerificationBatches(missing, store)
+
+
+def test_token_match_marks_the_claim_tokens_each_item_repeats(store_dir, tokenizer, gold):
+  store = features.open_store(store_dir)
+  train, _ = gold
+  plain = data_lib.VerificationBatches(train, store, max_claim_len=20, max_text_len=16,
+                                       max_text_items=2, max_images=1)
+  batches = data_lib.VerificationBatches(train, store, max_claim_len=20, max_text_len=16,
+                                         max_text_items=2, max_images=1, token_match=True)
+  assert "text_match" not in plain[0]
+  seen = set()
+  for i, e in enumerate(train):
+    x = batches[i]
+    match = x["text_match"]
+    assert match.shape == (2, 20) and match.dtype == np.float32
+    claim = encoding.tokenize(tokenizer, [e.claim], MAX_TEXT_LEN)[0][:20]
+    for j in range(2):
+      if j >= len(e.texts):  # An absent item matches nothing.
+        assert not match[j].any()
+        continue
+      item = set(encoding.tokenize(tokenizer, [e.texts[j]], MAX_TEXT_LEN)[0][:16])
+      want = np.zeros(20)
+      want[:len(claim)] = [t in item for t in claim]
+      np.testing.assert_array_equal(match[j], want)
+      seen.add(tuple(np.unique(want[1:len(claim) - 1])))
+    for k, v in plain[i].items():
+      np.testing.assert_array_equal(x[k], v)
+  assert (0.0, 1.0) in seen  # Items that repeat some claim words and not others.
 
 
 def test_eval_batches_cover_every_claim_once_with_padding_rows(store_dir, gold):

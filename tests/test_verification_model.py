@@ -271,6 +271,81 @@ def test_cosine_text_attention_with_images_has_finite_gradients():
   assert abs(float(grads.text_log_scale[...])) > 0  # The temperature learns.
 
 
+def _with_token_match(batch: dict, seed: int) -> dict:
+  """Adds random match bits, set on padding (absent items, padded claim tokens) too."""
+  b, nt = batch["text"].shape[:2]
+  bits = np.random.default_rng(seed).random((b, nt, batch["claim"].shape[1])) < 0.5
+  return dict(batch, text_match=jnp.asarray(bits, jnp.float32))
+
+
+def test_token_match_adds_a_layer_that_reads_only_real_bits():
+  claims = make_claims(15)
+  plain = build(15, use_image=False, text_attention="cosine")
+  model = build(16, use_image=False, text_attention="cosine", token_match=True)
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, match_fuse its own.
+  keys = ("claim", "claim_mask", "text", "text_mask")
+  batch = _with_token_match({k: v for k, v in make_batch(claims, seed=1).items()
+                             if k in keys}, 15)
+  with_bits = run(model, batch)
+  # With match_fuse at zero the model is the plain one: the bits are its only new input.
+  zeroed = nnx.clone(model)
+  nnx.update(zeroed.match_fuse,
+             jax.tree.map(jnp.zeros_like, nnx.state(zeroed.match_fuse, nnx.Param)))
+  np.testing.assert_allclose(run(zeroed, batch), run(plain, {k: batch[k] for k in keys}),
+                             atol=1e-5, rtol=1e-5)
+  assert np.abs(run(zeroed, batch) - with_bits).max() > 1e-3
+  # Flipping real bits changes the logits; bits on padding (absent items, padded claim
+  # tokens) do not.
+  real = batch["text_mask"].any(-1)[:, :, None] & batch["claim_mask"][:, None, :]
+  flipped = jnp.where(real, 1 - batch["text_match"], batch["text_match"])
+  assert np.abs(run(model, dict(batch, text_match=flipped)) - with_bits).max() > 1e-3
+  padded = make_batch(claims, items=(5, 1), tokens=14, seed=2)
+  padded = _with_token_match({k: v for k, v in padded.items() if k in keys}, 16)
+  b, nt, lc = batch["text_match"].shape
+  padded["text_match"] = padded["text_match"].at[:, :nt, :lc].set(batch["text_match"])
+  np.testing.assert_allclose(run(model, padded), with_bits, atol=2e-5, rtol=1e-5)
+
+  def loss(m):
+    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  grads = nnx.jit(nnx.grad(loss))(model)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert np.abs(np.asarray(grads.match_fuse.kernel[...])).max() > 0
+  with pytest.raises(ValueError, match="token_match=True needs text_match"):
+    model(**{k: batch[k] for k in keys})
+  with pytest.raises(ValueError, match="token_match needs use_text"):
+    StanceConfig(**SMALL, use_text=False, token_match=True)
+
+
+def test_max_item_pool_takes_the_elementwise_max_over_present_items():
+  claims = make_claims(17)
+  model = build(17, use_image=False, text_attention="cosine", item_pool="max")
+  batch = make_batch(claims, items=(4, 1), seed=3)
+  claim, claim_mask = batch["claim"], batch["claim_mask"].astype(bool)
+  text, text_mask = batch["text"], batch["text_mask"].astype(bool)
+  present = text_mask.any(-1)
+  assert (present.sum(-1) > 1).any() and not present.all()  # Several, and absent, items.
+
+  def stance(items):
+    return np.asarray(model._stance(None, claim, claim_mask, text, text_mask, items, True)[0])
+
+  pooled = stance(present)
+  per_item = np.stack([stance(present & (jnp.arange(present.shape[1]) == j))
+                       for j in range(present.shape[1])], 1)  # [B, N, hidden]
+  want = np.where(np.asarray(present)[..., None], per_item, -np.inf).max(1)
+  want[~np.asarray(present).any(1)] = 0.0  # A claim without items: a zero stance.
+  np.testing.assert_allclose(pooled, want, atol=1e-5, rtol=1e-5)
+  mean = build(17, use_image=False, text_attention="cosine")
+  assert np.abs(run(mean, {k: batch[k] for k in ("claim", "claim_mask", "text", "text_mask")})
+                - run(model, {k: batch[k] for k in ("claim", "claim_mask", "text",
+                                                    "text_mask")})).max() > 1e-3
+  none = stance(jnp.zeros_like(present))  # No items: a zero stance, not -inf.
+  assert (none == 0).all()
+  with pytest.raises(ValueError, match="unknown item_pool"):
+    StanceConfig(**SMALL, item_pool="sum")
+
+
 def test_zeros_mode_uses_one_classifier_with_zero_stances():
   claims = make_claims(4)
   model = build(5, missing_modality="zeros")
@@ -291,8 +366,9 @@ def test_zeros_mode_uses_one_classifier_with_zero_stances():
       np.testing.assert_allclose(ours[i], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_padding_does_not_change_logits():
-  model = build(6)
+@pytest.mark.parametrize("item_pool", ["mean", "max"])
+def test_padding_does_not_change_logits(item_pool):
+  model = build(6, item_pool=item_pool)
   claims = make_claims(6)
   tight = run(model, make_batch(claims, seed=1))
   padded = run(model, make_batch(claims, items=(6, 5), tokens=15, seed=2))

@@ -77,6 +77,23 @@ def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
                                                                 kind == "image")
 
 
+def test_token_match_and_max_pooling_train_and_predict(trained, tmp_path):
+  root, _ = trained
+  config = _config(root / "data", root / "features", token_match=True, item_pool="max")
+  config.total_steps, config.eval_every = 4, 4
+  result = loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
+  assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
+  trained_run = load_trained(str(tmp_path))
+  model = trained_run.model
+  assert model.config.token_match and model.config.item_pool == "max"
+  assert model.match_fuse is not None
+  verifier = trained_run.task.inference
+  dev = verifier.evidence("val")
+  probabilities = verifier.predict(model, dev)
+  assert probabilities.shape == (len(dev), 3)
+  np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-5)
+
+
 def _script(*args: str) -> subprocess.CompletedProcess:
   return run_script(REPO / "scripts" / "verify.py", *args, timeout_s=600)  # One CPU device.
 

@@ -9,6 +9,8 @@ text        [Nt, Lt, Dt]  one row per text item, first Nt items
 text_mask   [Nt, Lt]      bool; an absent item is all False
 image       [Ni, P, Dv]   patch states, first Ni images
 image_mask  [Ni]          bool item presence (every patch of a present image is attended)
+text_match  [Nt, Lc]      float32, only with `token_match`: 1 where the claim token's id
+                          occurs among the item's tokens (special tokens included)
 label       int32         0 refuted, 1 supported, 2 NEI
 claim_id    int32         -1 on padding rows
 valid       bool          False on padding rows (evaluation's last batch)
@@ -78,7 +80,8 @@ class VerificationBatches:
                max_claim_len: int = DEFAULT_MAX_CLAIM_LEN,
                max_text_len: int = DEFAULT_MAX_TEXT_LEN,
                max_text_items: int = DEFAULT_MAX_TEXT_ITEMS,
-               max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None):
+               max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None,
+               token_match: bool = False):
     for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
                         ("max_text_items", max_text_items), ("max_images", max_images)):
       if value < 1:
@@ -87,6 +90,7 @@ class VerificationBatches:
     self.max_claim_len, self.max_text_len = max_claim_len, max_text_len
     self.max_text_items, self.max_images = max_text_items, max_images
     self.dtype = np.dtype(dtype or store.manifest.dtype)
+    self.token_match = token_match
     self.claims = list(evidence)
     if not self.claims:
       raise MochegInputError("no claims to verify")
@@ -146,6 +150,9 @@ class VerificationBatches:
     text_mask = np.zeros((self.max_text_items, self.max_text_len), bool)
     if texts:
       text[:len(texts)], text_mask[:len(texts)] = self.store.text(texts, self.max_text_len)
+    match = {}
+    if self.token_match:
+      match["text_match"] = self._token_match(e.claim, texts)
     images = e.images[:self.max_images]
     image = np.zeros((self.max_images, m.patches, m.image_dim), self.dtype)
     if images:
@@ -153,9 +160,20 @@ class VerificationBatches:
     return {
         "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],
         "text": text, "text_mask": text_mask,
-        "image": image, "image_mask": np.arange(self.max_images) < len(images),
+        "image": image, "image_mask": np.arange(self.max_images) < len(images), **match,
         "label": np.int32(e.label), "claim_id": np.int32(e.claim_id), "valid": np.bool_(True),
     }
+
+  def _token_match(self, claim: str, texts: Sequence[str]) -> np.ndarray:
+    """[Nt, Lc] float32: whether each claim token's id is among each item's (as cut to the
+    lengths the model sees); 0 on padding."""
+    out = np.zeros((self.max_text_items, self.max_claim_len), np.float32)
+    if texts:
+      claim_ids = self.store.token_ids([claim], self.max_claim_len)[0]  # [Lc], -1 padding
+      item_ids = self.store.token_ids(texts, self.max_text_len)  # [n, Lt]
+      hits = (claim_ids[None, :, None] == item_ids[:, None, :]).any(-1)
+      out[:len(texts)] = hits & (claim_ids >= 0)[None]
+    return out
 
   def padding_example(self) -> Example:
     """A row that fills the last evaluation batch: all masks False, valid False."""

@@ -18,6 +18,7 @@ part-00000/               one part per build that had something new to encode
   text_keys.json          the texts (the keys), a JSON list in row order
   text_offsets.npy        int64 [n + 1]: text i's tokens are rows offsets[i]:offsets[i+1]
   text_states.npy         [total_tokens, text_dim]: only real tokens (special ones included)
+  text_ids.npy            int32 [total_tokens]: their token ids (exact-match features)
   image_keys.json         absolute image paths, in row order
   image_states.npy        [m, patches, image_dim]
 part-00001/ ...           (a later build's new keys)
@@ -63,7 +64,7 @@ from mocheg_jax.models import encoding
 from mocheg_jax.utils import paths
 
 FORMAT = "mocheg-verification-features"
-VERSION = 1
+VERSION = 2  # 2: parts hold text_ids.npy.
 MANIFEST = "manifest.json"
 DTYPES = ("float16", "float32")
 _PART = re.compile(r"part-\d{5}")
@@ -268,10 +269,12 @@ def _write_part(tmp: str, model: clip.CLIPModel, text_model: TextModel, tokenize
   os.makedirs(tmp)
   info = {"texts": len(texts), "tokens": 0, "images": len(paths)}
   if texts:
-    lengths = np.fromiter(map(len, encoding.tokenize(tokenizer, texts, max_text_len)),
-                          np.int64, len(texts))
+    ids = encoding.tokenize(tokenizer, texts, max_text_len)
+    lengths = np.fromiter(map(len, ids), np.int64, len(texts))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     info["tokens"] = int(offsets[-1])
+    np.save(os.path.join(tmp, "text_ids.npy"),
+            np.fromiter((i for row in ids for i in row), np.int32, info["tokens"]))
     states = np.lib.format.open_memmap(
         os.path.join(tmp, "text_states.npy"), "w+", np.dtype(dtype),
         (info["tokens"], text_width(text_model)))
@@ -438,6 +441,7 @@ class FeatureStore:
     for p, part in enumerate(manifest.parts):  # Checks every file's shape (headers only).
       if part["texts"]:
         self._map(p, "text_states")
+        self._map(p, "text_ids")
       if part["images"]:
         self._map(p, "image_states")
 
@@ -453,11 +457,12 @@ class FeatureStore:
         array = np.load(path, mmap_mode="r")
       except (OSError, ValueError) as e:
         raise MochegInputError(f"{path}: cannot read ({e})") from None
-      shape = ((part["tokens"], m.text_dim) if name == "text_states"
-               else (part["images"], m.patches, m.image_dim))
-      if array.shape != shape or array.dtype != np.dtype(m.dtype):
+      shape, dtype = {"text_states": ((part["tokens"], m.text_dim), m.dtype),
+                      "text_ids": ((part["tokens"],), "int32"),
+                      "image_states": ((part["images"], m.patches, m.image_dim), m.dtype)}[name]
+      if array.shape != shape or array.dtype != np.dtype(dtype):
         raise MochegInputError(f"{path}: {array.dtype}{list(array.shape)}, the manifest says "
-                               f"{m.dtype}{list(shape)}")
+                               f"{dtype}{list(shape)}")
       self._maps[key] = array
     return self._maps[key]
 
@@ -510,6 +515,15 @@ class FeatureStore:
       states[row, :n] = self._map(p, "text_states")[start:start + n]
       mask[row, :n] = True
     return states, mask
+
+  def token_ids(self, keys: Sequence[str], length: int) -> np.ndarray:
+    """Token ids int32 [n, length] of texts, in the rows of `text(keys, length)`; -1 on
+    padding."""
+    out = np.full((len(keys), length), -1, np.int32)
+    for row, (p, start, end) in enumerate(map(self._where_text, keys)):
+      n = min(end - start, length)
+      out[row, :n] = self._map(p, "text_ids")[start:start + n]
+    return out
 
   def image(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
     """Patch states [n, patches, image_dim] of image files given to `build_store`."""

@@ -31,6 +31,7 @@ from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.utils import configs, paths
 from mocheg_jax.verification import baselines
+from mocheg_jax.verification import features
 from mocheg_jax.verification import task as verify_task
 from mocheg_jax.verification.evidence import ClaimEvidence
 from mocheg_jax.verification.predictions import write_predictions
@@ -93,9 +94,11 @@ def _config(scale: str, workdir: str, seed: int, clip_dir: str, use_text: bool,
   # One feature store per set of frozen encoders, shared by the modes: a config that changes
   # the encoders gets a store of its own instead of a fingerprint error. Named with the
   # encoders' paths inside WORKDIR written relative to it, so that a moved folder's rerun
-  # finds its store (and its finished verifiers' configs) under the same name.
-  encoders = json.dumps(paths.relocate(verify_task.clip_fingerprint(config.verify, "", seed),
-                                       (workdir, "WORKDIR")), sort_keys=True)
+  # finds its store (and its finished verifiers' configs) under the same name. The store
+  # format's version is in the name too: a store an older version wrote is not reopened.
+  encoders = json.dumps([paths.relocate(verify_task.clip_fingerprint(config.verify, "", seed),
+                                        (workdir, "WORKDIR")), features.VERSION],
+                        sort_keys=True)
   config.verify.features_dir = os.path.join(
       workdir, "features", "verification-" + hashlib.sha1(encoders.encode()).hexdigest()[:12])
   return config

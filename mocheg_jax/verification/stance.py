@@ -83,6 +83,7 @@ LEAKY_RELU_SLOPE = 0.01  # F.leaky_relu's default, as the reference.
 MISSING_MODALITY_MODES = ("reference", "zeros")
 TEXT_ATTENTION_MODES = ("learned", "cosine")
 IMAGE_READ_MODES = ("attention", "pairs", "match")
+ITEM_POOLS = ("mean", "max")
 COSINE_INITIAL_SCALE = 10.0
 
 
@@ -103,6 +104,17 @@ class StanceConfig:
   # token attends with softmax(scale * cosine) to the evidence tokens' own frozen states, so
   # a claim token that the evidence repeats gets m = c exactly; see `_align`.
   text_attention: str = "learned"
+  # Beyond the paper: the text branch also reads, per claim token, whether its id occurs in
+  # the item (`text_match`) and in any of the claim's items, through its own layer
+  # `match_fuse` on [match * c ; any * c ; (1 - any) * c] added before the activation.
+  # Frozen contextual states of "102" and "117" are close; the exact-match bits say which
+  # claim words the evidence repeats. "Any" matters because the items are pooled after the
+  # claim tokens: a value one sentence states is unmatched in all the others.
+  token_match: bool = False
+  # How a modality's items are pooled into its stance vector: "mean" (the reference) or
+  # "max" (beyond the paper). With a mean, the one sentence that states a claim's value is
+  # outvoted by the claim's other evidence items, which look like evidence for nothing.
+  item_pool: str = "mean"
   # "attention" (the reference): claim-token queries cross-attend to the patches, then the
   # shared [m - c; m * c] fusion. Beyond the paper (image_reads.py, measured there):
   # "pairs" (image_reads.PairRead) or "match" (image_reads.MatchRead) instead.
@@ -128,9 +140,13 @@ class StanceConfig:
     if self.missing_modality not in MISSING_MODALITY_MODES:
       raise ValueError(f"unknown missing_modality {self.missing_modality!r}; expected one "
                        f"of {MISSING_MODALITY_MODES}")
+    if self.token_match and not self.use_text:
+      raise ValueError("StanceConfig.token_match needs use_text")
     if self.text_attention not in TEXT_ATTENTION_MODES:
       raise ValueError(f"unknown text_attention {self.text_attention!r}; expected one of "
                        f"{TEXT_ATTENTION_MODES}")
+    if self.item_pool not in ITEM_POOLS:
+      raise ValueError(f"unknown item_pool {self.item_pool!r}; expected one of {ITEM_POOLS}")
     if self.image_read not in IMAGE_READ_MODES:
       raise ValueError(f"unknown image_read {self.image_read!r}; expected one of "
                        f"{IMAGE_READ_MODES}")
@@ -198,6 +214,8 @@ class StanceDetector(nnx.Module):
                               config.patches, **read)
         if config.use_image and config.image_read == "match" else None)
     self.fuse = layers.Dense(2 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
+    self.match_fuse = (layers.Dense(3 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
+                       if config.token_match else None)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
                                    ("mlp", "classes"), **kw)
     self.classifier_single = (
@@ -244,13 +262,14 @@ class StanceDetector(nnx.Module):
 
   def _stance(self, attn: layers.Attention | None, claim: jax.Array, claim_mask: jax.Array,
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
-              deterministic: bool, read: nnx.Module | None = None
-              ) -> tuple[jax.Array, jax.Array]:
+              deterministic: bool, read: nnx.Module | None = None,
+              match: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """One modality's stance vector [B, hidden] and whether it has any item [B].
 
     claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
     bool, present [B, N] bool. attn None: the cosine alignment (text only); `read` (an
-    image_reads module): that read instead of attention + fusion.
+    image_reads module): that read instead of attention + fusion; `match` [B, N, Lc]: the
+    token-match bits (text only, with config.token_match).
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
@@ -264,20 +283,31 @@ class StanceDetector(nnx.Module):
         m = self._attend(attn, claim, evidence, keys, deterministic)
       c = claim[:, None].astype(m.dtype)  # [B, 1, Lc, Dt]
       h = self.fuse(jnp.concatenate([m - c, m * c], axis=-1))  # [B, N, Lc, hidden]
+      if match is not None:
+        match = jnp.where(present[..., None], match.astype(c.dtype), 0)  # [B, N, Lc]
+        anywhere = match.max(1, keepdims=True)[..., None] * c  # [B, 1, Lc, Dt]
+        anywhere = jnp.broadcast_to(anywhere, h.shape[:3] + c.shape[-1:])
+        h = h + self.match_fuse(jnp.concatenate(
+            [match[..., None] * c, anywhere, c - anywhere], axis=-1))
       h = jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
       # Max over the real claim tokens (the reference fills padding with -10000).
       h = jnp.where(claim_mask[:, None, :, None], h, jnp.finfo(h.dtype).min)
       h = h.max(axis=2)  # [B, N, hidden]
-    h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0)
-    # Mean over the present items; 0 when there are none.
-    h = jnp.where(present[..., None], h.astype(jnp.float32), 0.0)
+    h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0).astype(jnp.float32)
+    # Mean or max over the present items; 0 when there are none.
     count = present.sum(-1)  # [B]
-    stance = h.sum(1) / jnp.maximum(count, 1)[:, None].astype(jnp.float32)
+    if self.config.item_pool == "max":
+      stance = jnp.where(present[..., None], h, jnp.finfo(jnp.float32).min).max(1)
+      stance = jnp.where((count > 0)[:, None], stance, 0.0)
+    else:
+      h = jnp.where(present[..., None], h, 0.0)
+      stance = h.sum(1) / jnp.maximum(count, 1)[:, None].astype(jnp.float32)
     return layers.constrain(stance, ("batch", "mlp")), count > 0
 
   def __call__(self, claim: jax.Array, claim_mask: jax.Array,
                text: jax.Array | None = None, text_mask: jax.Array | None = None,
-               image: jax.Array | None = None, image_mask: jax.Array | None = None, *,
+               image: jax.Array | None = None, image_mask: jax.Array | None = None,
+               text_match: jax.Array | None = None, *,
                deterministic: bool = True) -> jax.Array:
     """Logits [B, num_classes] (float32).
 
@@ -287,6 +317,8 @@ class StanceDetector(nnx.Module):
         item is present iff any of its tokens is. Needed iff config.use_text.
       image: [B, Ni, P, image_dim] patch states; image_mask: [B, Ni] (item presence, every
         patch attended) or [B, Ni, P] (present iff any patch is). Needed iff use_image.
+      text_match: [B, Nt, Lc] 0/1, whether claim token q's id occurs in text item n. Needed
+        iff token_match.
       deterministic: False turns dropout on (needs a "dropout" rng stream).
     """
     cfg = self.config
@@ -298,6 +330,10 @@ class StanceDetector(nnx.Module):
         raise ValueError("use_text=True needs text and text_mask")
       _check("text", text, 4, cfg.text_dim, lead=claim.shape[:1])
       _check("text_mask", text_mask, 3, lead=text.shape[:3])
+    if cfg.token_match:
+      if text_match is None:
+        raise ValueError("token_match=True needs text_match")
+      _check("text_match", text_match, 3, lead=(*text.shape[:2], claim.shape[1]))
     if cfg.use_image:
       if image is None or image_mask is None:
         raise ValueError("use_image=True needs image and image_mask")
@@ -308,7 +344,8 @@ class StanceDetector(nnx.Module):
     if cfg.use_text:
       text_mask = text_mask.astype(bool)
       s, p = self._stance(self.text_attention, claim, claim_mask, text, text_mask,
-                          text_mask.any(-1), deterministic)
+                          text_mask.any(-1), deterministic,
+                          match=text_match if cfg.token_match else None)
       stances.append(s)
       presents.append(p)
     if cfg.use_image:

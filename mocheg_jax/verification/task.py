@@ -73,6 +73,8 @@ def verify_config() -> ml_collections.ConfigDict:
   v.hidden = 512  # Fusion output (the stance vector), as the reference.
   v.heads = 1
   v.text_attention = "learned"  # or "cosine" (stance.StanceConfig.text_attention).
+  v.token_match = False  # Exact token-id matches as a text feature (stance.StanceConfig).
+  v.item_pool = "mean"  # or "max": how items are pooled (stance.StanceConfig.item_pool).
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -218,7 +220,9 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              hidden=v.hidden, heads=v.heads, dropout=v.dropout,
                              use_text=v.use_text, use_image=v.use_image,
                              missing_modality=v.missing_modality,
-                             text_attention=v.text_attention, image_read=v.image_read,
+                             text_attention=v.text_attention,
+                             token_match=v.token_match and v.use_text,
+                             item_pool=v.item_pool, image_read=v.image_read,
                              pair_dim=v.pair_dim, match_heads=v.match_heads,
                              match_pool=v.match_pool, patches=manifest.patches)
 
@@ -255,6 +259,8 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
           "label": ("batch",), "valid": ("batch",)}
   if v.use_text:
     axes.update(text=("batch", None, None, None), text_mask=("batch", None, None))
+    if v.token_match:
+      axes.update(text_match=("batch", None, None))
   if v.use_image:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
   return axes
@@ -264,7 +270,8 @@ def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True) -> ja
   """Logits [B, 3] from a batch of `VerificationBatches` fields."""
   return model(batch["claim"], batch["claim_mask"], text=batch.get("text"),
                text_mask=batch.get("text_mask"), image=batch.get("image"),
-               image_mask=batch.get("image_mask"), deterministic=deterministic)
+               image_mask=batch.get("image_mask"), text_match=batch.get("text_match"),
+               deterministic=deterministic)
 
 
 # ---- evidence, store and prediction ---------------------------------------------------------
@@ -324,7 +331,8 @@ class Verifier:
     v = self.config.verify
     return VerificationBatches(claims, self.store(claims), max_claim_len=v.max_claim_len,
                                max_text_len=v.max_text_len, max_text_items=v.max_text_items,
-                               max_images=v.max_images)
+                               max_images=v.max_images,
+                               token_match=v.token_match and v.use_text)
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
     return split_evidence(self.release, split, source, self.config.verify)
