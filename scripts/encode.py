@@ -28,6 +28,7 @@ from absl import app, flags
 import numpy as np
 
 from mocheg_jax.models import encoding
+from mocheg_jax.utils import files
 from mocheg_jax.utils.cli import friendly_errors
 
 _MODEL = flags.DEFINE_string("model", None, "Model folder (SBERT/BERT or CLIP).", required=True)
@@ -47,10 +48,8 @@ _TRUNCATION_SIDE = flags.DEFINE_enum(
 def _save(path: str, array: np.ndarray) -> None:
   """Writes exactly `path` (np.save would append .npy), replacing it only when complete."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  partial = f"{path}.partial"
-  with open(partial, "wb") as f:
+  with files.atomic_open(path, "wb") as f:
     np.save(f, array)
-  os.replace(partial, path)
 
 
 @friendly_errors

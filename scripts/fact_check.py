@@ -15,12 +15,12 @@ written until every claim is checked, so a failure never leaves a partial JSON: 
 
 import contextlib
 import json
-import os
 import sys
 
 from absl import app, flags
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.utils import files
 from mocheg_jax.utils.cli import friendly_errors
 
 _PIPELINE = flags.DEFINE_string("pipeline", None, "The pipeline folder (the main job's "
@@ -94,11 +94,9 @@ def main(argv):
   if _INPUT.value is None:
     print(json.dumps(results[0], ensure_ascii=False))
     return
-  tmp = _OUTPUT.value + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with files.atomic_open(_OUTPUT.value) as f:
     for result in results:
       f.write(json.dumps(result, ensure_ascii=False) + "\n")
-  os.replace(tmp, _OUTPUT.value)
   print(json.dumps({"claims": len(results), "output": _OUTPUT.value}), file=sys.stderr)
 
 

@@ -40,7 +40,7 @@ from mocheg_jax.models import encoding
 from mocheg_jax.parallel import distributed
 from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.restore import load_trained
-from mocheg_jax.utils import configs
+from mocheg_jax.utils import configs, files
 from mocheg_jax.verification import stage as verification_stage
 
 SPLIT = "test"
@@ -116,12 +116,10 @@ def generate(trained, claims: Sequence, batch_size: int | None = None) -> list[s
 def write_explanations(path: str, claim_ids: Sequence[int], texts: Sequence[str]) -> None:
   """`claim_id,explanation` rows, written beside `path` and renamed (never half a file)."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", newline="", encoding="utf-8") as f:
+  with files.atomic_open(path, newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("claim_id", "explanation"))
     writer.writerows(zip(claim_ids, texts))
-  os.replace(tmp, path)
 
 
 # ---- BERTScore on our encoder -----------------------------------------------------------------
@@ -193,13 +191,6 @@ def format_agreement(rows: Sequence[dict], classifier: dict) -> str:
                    f"{_pct(r['classifier_agreement_gold'])} "
                    f"({r['distinct_texts']} distinct texts)")
   return "\n".join(lines)
-
-
-def _write_markdown(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text + "\n")
-  os.replace(tmp, path)
 
 
 def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = print, *,
@@ -313,5 +304,5 @@ def _evaluate(workdir: str, reader: MochegRelease, classifier_dir: str,
 
   table5.write_table(rows, workdir)
   markdown = table5.format_table(rows) + "\n" + format_agreement(rows, classifier_scores)
-  _write_markdown(os.path.join(workdir, table5.TABLE_MD), markdown)
+  files.write_text(os.path.join(workdir, table5.TABLE_MD), markdown + "\n")
   return {"rows": rows, "table": markdown, "classifier": classifier_scores}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.explanation import baselines
 from mocheg_jax.metrics import generation
 from mocheg_jax.metrics import keyed_csv
+from mocheg_jax.utils import files
 
 LEAD3, ORACLE, EVIDENCE = "LEAD-3", "ORACLE", "Evidence (no generation)"
 BASELINES: tuple[str, ...] = (LEAD3, ORACLE, EVIDENCE)
@@ -194,26 +194,11 @@ def format_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
-def _atomic_write(path: str, text: str) -> None:
-  """Writes via a temporary file in the same folder, so readers never see half a file."""
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".",
-                             suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; a table is for everyone to read.
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def write_table(rows: Sequence[dict], out_dir: str | os.PathLike) -> tuple[str, str]:
   """Writes OUT_DIR/table5.md and OUT_DIR/table5.json atomically; returns their paths."""
   out_dir = os.fspath(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   md_path, json_path = os.path.join(out_dir, TABLE_MD), os.path.join(out_dir, TABLE_JSON)
-  _atomic_write(json_path, json.dumps(list(rows), indent=2) + "\n")
-  _atomic_write(md_path, format_table(rows) + "\n")
+  files.write_text(json_path, json.dumps(list(rows), indent=2) + "\n")
+  files.write_text(md_path, format_table(rows) + "\n")
   return md_path, json_path

@@ -19,7 +19,7 @@ import os
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.retrieval import index as index_lib
 from mocheg_jax.train.loop import CHECKPOINT_DIR
-from mocheg_jax.utils import paths
+from mocheg_jax.utils import files, paths
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -89,10 +89,7 @@ def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "
           "stages": dict(STAGES), "indexes": dict(INDEXES),
           "settings": dataclasses.asdict(settings)}
   path = os.path.join(pipeline_dir, MANIFEST)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(data, f, indent=2)
-  os.replace(tmp, path)
+  files.write_json(path, data, indent=2)
   read_manifest(pipeline_dir)
   return path
 

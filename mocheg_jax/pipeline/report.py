@@ -27,6 +27,7 @@ from mocheg_jax.metrics import retrieval as retrieval_metrics
 from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import plots
 from mocheg_jax.train import evaluations, writer
+from mocheg_jax.utils import files
 
 RESULTS_JSON, REPORT_MD, PLOTS_DIR = "results.json", "report.md", "plots"
 TABLES = {  # results.json key -> (file stem, markdown heading)
@@ -48,10 +49,8 @@ STAGES = ("retrieval_text", "rerank", "retrieval_image", "verify_text_image", "v
 
 
 def _write_atomic(path: str, data: bytes | str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
+  with files.atomic_open(path, "wb") as f:
     f.write(data.encode("utf-8") if isinstance(data, str) else data)
-  os.replace(tmp, path)
 
 
 def _plain(value, where: str, nulled: list[str]):

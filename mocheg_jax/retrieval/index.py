@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from mocheg_jax.data.report import MochegInputError
-from mocheg_jax.utils import paths
+from mocheg_jax.utils import files, paths
 from mocheg_jax.utils.progress import Progress
 
 HEADER_FILE = "header.json"
@@ -90,12 +90,8 @@ class IndexManifest:
 # ---- small file helpers ------------------------------------------------------------------
 def _write_atomic(path: pathlib.Path, write: Callable[[Any], None], mode: str = "w") -> None:
   """Writes through `write(file)` to a temporary name, then renames it into place."""
-  tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+  with files.atomic_open(path, mode) as f:
     write(f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def _write_json(path: pathlib.Path, data: Any) -> None:

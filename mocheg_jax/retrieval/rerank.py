@@ -57,7 +57,7 @@ from mocheg_jax.retrieval import evaluation
 from mocheg_jax.retrieval import text_task
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
-from mocheg_jax.utils import paths
+from mocheg_jax.utils import files, paths
 
 TRAIN_SPLIT, DEV_SPLIT = "train", "val"
 MINED_FILE = "mined_negatives.json"
@@ -271,10 +271,7 @@ def cached_mining(path: str, settings: dict[str, Any], make: Callable[[], dict],
   def mine() -> None:
     if read() is None:
       mined = {"settings": settings, **make()}
-      tmp = f"{path}.tmp"
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(mined, f)
-      os.replace(tmp, path)
+      files.write_json(path, mined)
       log(f"rerank: mined negatives written to {path}")
 
   distributed.primary_only("rerank_mining", mine)  # The others wait for the file.

@@ -20,7 +20,7 @@ import os
 from typing import Callable, Sequence
 
 from mocheg_jax.train import restore
-from mocheg_jax.utils import paths
+from mocheg_jax.utils import files, paths
 
 RECORDS_DIR = "evaluations"
 _FORMAT = 1  # Bumped when the record's layout changes: older records are then not reused.
@@ -96,10 +96,7 @@ def reuse(workdir: str, name: str, inputs: dict, outputs: Sequence[str],
   record = {"format": _FORMAT, "inputs": inputs,
             "outputs": {o: _output_digest(workdir, o) for o in outputs}, "result": result}
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=1)
-  os.replace(tmp, path)
+  files.write_json(path, record, indent=1)
   return result
 
 

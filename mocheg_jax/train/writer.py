@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.utils import files
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -202,12 +203,8 @@ def _ends_with_newline(path: str) -> bool:
 
 def _rewrite(path: str, lines: list[str]) -> None:
   """Replaces the file with `lines` atomically: a reader sees the old or the new file."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+  with files.atomic_open(path, newline="\n") as f:
     f.writelines(line + "\n" for line in lines)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 class MetricWriter:

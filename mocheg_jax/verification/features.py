@@ -61,7 +61,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.models import bert
 from mocheg_jax.models import clip
 from mocheg_jax.models import encoding
-from mocheg_jax.utils import paths
+from mocheg_jax.utils import files, paths
 
 FORMAT = "mocheg-verification-features"
 VERSION = 2  # 2: parts hold text_ids.npy.
@@ -116,13 +116,7 @@ class StoreManifest:
 
 # ---- files ---------------------------------------------------------------------------------
 def _write_json(path: str, data: Any) -> None:
-  """Writes JSON to a temporary name, then renames it into place."""
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(data, f, ensure_ascii=False)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  files.write_json(path, data, ensure_ascii=False)
 
 
 def _read_json(path: str) -> Any:

@@ -21,6 +21,7 @@ import numpy as np
 from mocheg_jax.data import csv_io
 from mocheg_jax.data.labels import LABEL_NAMES, UnknownLabelError, label_from_name
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.utils import files
 
 COLUMNS = ("claim_id", "label", "p_refuted", "p_supported", "p_nei")
 PROBABILITY_COLUMNS = COLUMNS[2:]
@@ -40,14 +41,12 @@ def write_predictions(path: str, claim_ids: Iterable[int], probabilities) -> Non
   The file appears whole or not at all (written beside it, then renamed).
   """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", newline="") as f:
+  with files.atomic_open(path, newline="") as f:
     writer = csv.writer(f)
     writer.writerow(COLUMNS)
     for claim_id, p in zip(claim_ids, probabilities):
       p = np.asarray(p)
       writer.writerow([claim_id, LABEL_NAMES[int(p.argmax())], *(f"{x:.6f}" for x in p)])
-  os.replace(tmp, path)
 
 
 def _probability(cell: str, where: str, column: str) -> float:

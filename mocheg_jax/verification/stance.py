@@ -58,6 +58,9 @@ items; one set of shapes per jit):
   (the reference's `classifier_text`) and there is no `classifier_single`.
 * `dropout` (on the stance vector before the classifier) and `attention_dropout` default
   to 0, as the reference.
+* Beyond the paper, off by default: `text_attention="cosine"` (no learned projections),
+  `token_match` (exact token-id matches of the claim's tokens in the evidence, an input of
+  their own layer) and `item_pool="max"` (items max-pooled instead of averaged).
 
 Logical axes: only the shared names ("embed", "mlp", "heads", "kv", "classes", "batch",
 "length"); the item axis is folded into "batch" inside the module.
