@@ -346,6 +346,40 @@ def test_max_item_pool_takes_the_elementwise_max_over_present_items():
     StanceConfig(**SMALL, item_pool="sum")
 
 
+def test_word_queries_read_the_claim_ids_not_its_states():
+  claims = make_claims(18)
+  model = build(18, use_text=False, image_query="words", word_buckets=64)
+  batch = {k: v for k, v in make_batch(claims, seed=4).items()
+           if k in ("claim", "claim_mask", "image", "image_mask")}
+  b, lc = batch["claim_mask"].shape
+  ids = np.random.default_rng(18).integers(0, 1000, (b, lc))
+  ids = np.where(np.asarray(batch["claim_mask"]), ids, -1)  # Padding: -1, as the store's.
+  batch["claim_ids"] = jnp.asarray(ids, jnp.int32)
+  logits = run(model, batch)
+  # The image branch is queried by the ids' rows: other claim states change nothing, other
+  # ids (of real tokens) do, padding ids do not.
+  noise = jnp.asarray(np.random.default_rng(19).normal(size=batch["claim"].shape), jnp.float32)
+  np.testing.assert_allclose(run(model, dict(batch, claim=noise)), logits, atol=1e-6)
+  real = np.asarray(batch["claim_mask"], bool)
+  other = jnp.asarray(np.where(real, ids + 1, ids), jnp.int32)
+  assert np.abs(run(model, dict(batch, claim_ids=other)) - logits).max() > 1e-3
+  padded = jnp.asarray(np.where(real, ids, 7), jnp.int32)
+  np.testing.assert_allclose(run(model, dict(batch, claim_ids=padded)), logits, atol=1e-6)
+
+  def loss(m):
+    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  grads = np.asarray(nnx.jit(nnx.grad(loss))(model).word_embedding.embedding[...])
+  used = np.unique(ids[real] % 64)
+  assert np.abs(grads[used]).max() > 0
+  assert not np.delete(grads, used, axis=0).any()  # Rows of no claim token: untouched.
+  with pytest.raises(ValueError, match="image_query='words' needs claim_ids"):
+    model(**{k: v for k, v in batch.items() if k != "claim_ids"})
+  with pytest.raises(ValueError, match="needs use_image"):
+    StanceConfig(**SMALL, use_image=False, image_query="words")
+
+
 def test_zeros_mode_uses_one_classifier_with_zero_stances():
   claims = make_claims(4)
   model = build(5, missing_modality="zeros")

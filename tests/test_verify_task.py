@@ -77,16 +77,18 @@ def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
                                                                 kind == "image")
 
 
-def test_token_match_and_max_pooling_train_and_predict(trained, tmp_path):
+def test_token_match_max_pooling_and_word_queries_train_and_predict(trained, tmp_path):
   root, _ = trained
-  config = _config(root / "data", root / "features", token_match=True, item_pool="max")
+  config = _config(root / "data", root / "features", token_match=True, item_pool="max",
+                   image_query="words")
   config.total_steps, config.eval_every = 4, 4
   result = loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
   assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
   trained_run = load_trained(str(tmp_path))
   model = trained_run.model
   assert model.config.token_match and model.config.item_pool == "max"
-  assert model.match_fuse is not None
+  assert model.match_fuse is not None and model.config.image_query == "words"
+  assert np.abs(np.asarray(model.word_embedding.embedding[...])).max() > 0
   verifier = trained_run.task.inference
   dev = verifier.evidence("val")
   probabilities = verifier.predict(model, dev)

@@ -11,6 +11,7 @@ image       [Ni, P, Dv]   patch states, first Ni images
 image_mask  [Ni]          bool item presence (every patch of a present image is attended)
 text_match  [Nt, Lc]      float32, only with `token_match`: 1 where the claim token's id
                           occurs among the item's tokens (special tokens included)
+claim_ids   [Lc]          int32, only with `claim_ids`: the claim's token ids, -1 on padding
 label       int32         0 refuted, 1 supported, 2 NEI
 claim_id    int32         -1 on padding rows
 valid       bool          False on padding rows (evaluation's last batch)
@@ -81,7 +82,7 @@ class VerificationBatches:
                max_text_len: int = DEFAULT_MAX_TEXT_LEN,
                max_text_items: int = DEFAULT_MAX_TEXT_ITEMS,
                max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None,
-               token_match: bool = False):
+               token_match: bool = False, claim_ids: bool = False):
     for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
                         ("max_text_items", max_text_items), ("max_images", max_images)):
       if value < 1:
@@ -90,7 +91,7 @@ class VerificationBatches:
     self.max_claim_len, self.max_text_len = max_claim_len, max_text_len
     self.max_text_items, self.max_images = max_text_items, max_images
     self.dtype = np.dtype(dtype or store.manifest.dtype)
-    self.token_match = token_match
+    self.token_match, self.claim_ids = token_match, claim_ids
     self.claims = list(evidence)
     if not self.claims:
       raise MochegInputError("no claims to verify")
@@ -153,6 +154,8 @@ class VerificationBatches:
     match = {}
     if self.token_match:
       match["text_match"] = self._token_match(e.claim, texts)
+    if self.claim_ids:
+      match["claim_ids"] = self.store.token_ids([e.claim], self.max_claim_len)[0]
     images = e.images[:self.max_images]
     image = np.zeros((self.max_images, m.patches, m.image_dim), self.dtype)
     if images:

@@ -87,6 +87,7 @@ MISSING_MODALITY_MODES = ("reference", "zeros")
 TEXT_ATTENTION_MODES = ("learned", "cosine")
 IMAGE_READ_MODES = ("attention", "pairs", "match")
 ITEM_POOLS = ("mean", "max")
+IMAGE_QUERIES = ("states", "words")
 COSINE_INITIAL_SCALE = 10.0
 
 
@@ -118,6 +119,13 @@ class StanceConfig:
   # "max" (beyond the paper). With a mean, the one sentence that states a claim's value is
   # outvoted by the claim's other evidence items, which look like evidence for nothing.
   item_pool: str = "mean"
+  # What queries the images: "states" (the reference: the claim's contextual token states)
+  # or "words" (beyond the paper): a learned embedding of each claim token's id (hashed into
+  # `word_buckets` rows), needs `claim_ids`. Contextual states carry the claim's entity, so
+  # the image branch can memorise training entities; a word's own row can only carry the
+  # word ("red", "three"), and unseen names stay at their random start.
+  image_query: str = "states"
+  word_buckets: int = 32768
   # "attention" (the reference): claim-token queries cross-attend to the patches, then the
   # shared [m - c; m * c] fusion. Beyond the paper (image_reads.py, measured there):
   # "pairs" (image_reads.PairRead) or "match" (image_reads.MatchRead) instead.
@@ -148,6 +156,11 @@ class StanceConfig:
     if self.text_attention not in TEXT_ATTENTION_MODES:
       raise ValueError(f"unknown text_attention {self.text_attention!r}; expected one of "
                        f"{TEXT_ATTENTION_MODES}")
+    if self.image_query not in IMAGE_QUERIES:
+      raise ValueError(f"unknown image_query {self.image_query!r}; expected one of "
+                       f"{IMAGE_QUERIES}")
+    if self.image_query == "words" and not self.use_image:
+      raise ValueError("StanceConfig.image_query='words' needs use_image")
     if self.item_pool not in ITEM_POOLS:
       raise ValueError(f"unknown item_pool {self.item_pool!r}; expected one of {ITEM_POOLS}")
     if self.image_read not in IMAGE_READ_MODES:
@@ -217,6 +230,9 @@ class StanceDetector(nnx.Module):
                               config.patches, **read)
         if config.use_image and config.image_read == "match" else None)
     self.fuse = layers.Dense(2 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
+    self.word_embedding = (
+        layers.Embed(config.word_buckets, config.text_dim, axes=(None, "embed"), **kw)
+        if config.image_query == "words" else None)
     self.match_fuse = (layers.Dense(3 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                        if config.token_match else None)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
@@ -310,7 +326,7 @@ class StanceDetector(nnx.Module):
   def __call__(self, claim: jax.Array, claim_mask: jax.Array,
                text: jax.Array | None = None, text_mask: jax.Array | None = None,
                image: jax.Array | None = None, image_mask: jax.Array | None = None,
-               text_match: jax.Array | None = None, *,
+               text_match: jax.Array | None = None, claim_ids: jax.Array | None = None, *,
                deterministic: bool = True) -> jax.Array:
     """Logits [B, num_classes] (float32).
 
@@ -322,6 +338,7 @@ class StanceDetector(nnx.Module):
         patch attended) or [B, Ni, P] (present iff any patch is). Needed iff use_image.
       text_match: [B, Nt, Lc] 0/1, whether claim token q's id occurs in text item n. Needed
         iff token_match.
+      claim_ids: [B, Lc] int, the claim's token ids. Needed iff image_query="words".
       deterministic: False turns dropout on (needs a "dropout" rng stream).
     """
     cfg = self.config
@@ -342,6 +359,10 @@ class StanceDetector(nnx.Module):
         raise ValueError("use_image=True needs image and image_mask")
       _check("image", image, 4, cfg.image_dim, lead=claim.shape[:1])
       _check("image_mask", image_mask, (2, 3), lead=image.shape[:image_mask.ndim])
+    if cfg.image_query == "words":
+      if claim_ids is None:
+        raise ValueError("image_query='words' needs claim_ids")
+      _check("claim_ids", claim_ids, 2, lead=claim.shape[:2])
     claim_mask = claim_mask.astype(bool)
     stances, presents = [], []
     if cfg.use_text:
@@ -357,7 +378,10 @@ class StanceDetector(nnx.Module):
         present, keys = image_mask, jnp.ones(image.shape[:3], bool)
       else:
         present, keys = image_mask.any(-1), image_mask
-      s, p = self._stance(self.image_attention, claim, claim_mask, image, keys, present,
+      query = claim
+      if self.word_embedding is not None:
+        query = self.word_embedding(jnp.maximum(claim_ids, 0) % cfg.word_buckets)
+      s, p = self._stance(self.image_attention, query, claim_mask, image, keys, present,
                           deterministic, read=self.image_read)
       stances.append(s)
       presents.append(p)

@@ -75,6 +75,7 @@ def verify_config() -> ml_collections.ConfigDict:
   v.text_attention = "learned"  # or "cosine" (stance.StanceConfig.text_attention).
   v.token_match = False  # Exact token-id matches as a text feature (stance.StanceConfig).
   v.item_pool = "mean"  # or "max": how items are pooled (stance.StanceConfig.item_pool).
+  v.image_query = "states"  # or "words" (stance.StanceConfig.image_query).
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -222,7 +223,9 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              missing_modality=v.missing_modality,
                              text_attention=v.text_attention,
                              token_match=v.token_match and v.use_text,
-                             item_pool=v.item_pool, image_read=v.image_read,
+                             item_pool=v.item_pool,
+                             image_query=v.image_query if v.use_image else "states",
+                             image_read=v.image_read,
                              pair_dim=v.pair_dim, match_heads=v.match_heads,
                              match_pool=v.match_pool, patches=manifest.patches)
 
@@ -261,6 +264,8 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
     axes.update(text=("batch", None, None, None), text_mask=("batch", None, None))
     if v.token_match:
       axes.update(text_match=("batch", None, None))
+  if v.use_image and v.image_query == "words":
+    axes.update(claim_ids=("batch", None))
   if v.use_image:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
   return axes
@@ -271,7 +276,7 @@ def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True) -> ja
   return model(batch["claim"], batch["claim_mask"], text=batch.get("text"),
                text_mask=batch.get("text_mask"), image=batch.get("image"),
                image_mask=batch.get("image_mask"), text_match=batch.get("text_match"),
-               deterministic=deterministic)
+               claim_ids=batch.get("claim_ids"), deterministic=deterministic)
 
 
 # ---- evidence, store and prediction ---------------------------------------------------------
@@ -332,7 +337,8 @@ class Verifier:
     return VerificationBatches(claims, self.store(claims), max_claim_len=v.max_claim_len,
                                max_text_len=v.max_text_len, max_text_items=v.max_text_items,
                                max_images=v.max_images,
-                               token_match=v.token_match and v.use_text)
+                               token_match=v.token_match and v.use_text,
+                               claim_ids=v.use_image and v.image_query == "words")
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
     return split_evidence(self.release, split, source, self.config.verify)
