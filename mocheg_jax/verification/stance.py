@@ -60,7 +60,8 @@ items; one set of shapes per jit):
   to 0, as the reference.
 * Beyond the paper, off by default: `text_attention="cosine"` (no learned projections),
   `token_match` (exact token-id matches of the claim's tokens in the evidence, an input of
-  their own layer) and `item_pool="max"` (items max-pooled instead of averaged).
+  their own layer), `item_pool="max"` (items max-pooled instead of averaged) and
+  `image_query="words"` (images queried by learned embeddings of the claim's token ids).
 
 Logical axes: only the shared names ("embed", "mlp", "heads", "kv", "classes", "batch",
 "length"); the item axis is folded into "batch" inside the module.
