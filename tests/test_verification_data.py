@@ -7,6 +7,7 @@ world, [SEP] pooled) for the whole module.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pickle
 import shutil
@@ -424,6 +425,20 @@ def test_examples_have_fixed_shapes_masks_and_cut_counts(store_dir, gold):
   missing = [evidence_lib.ClaimEvidence(1, train[0].claim, 0, ("never encoded",), ())]
   with pytest.raises(MochegInputError, match="1 texts of the evidence are not in the feature"):
     data_lib.VerificationBatches(missing, store)
+
+
+def test_a_store_of_an_older_format_or_without_token_ids_is_refused(store_dir, tmp_path):
+  old = tmp_path / "old"
+  shutil.copytree(store_dir, old)
+  manifest = json.loads((old / "manifest.json").read_text())
+  (old / "manifest.json").write_text(json.dumps(dict(manifest, version=1)))
+  with pytest.raises(MochegInputError, match="format version 1, this code reads 2; rebuild"):
+    features.open_store(old)
+  lost = tmp_path / "lost"
+  shutil.copytree(store_dir, lost)
+  (lost / "part-00000" / "text_ids.npy").unlink()
+  with pytest.raises(MochegInputError, match=r"text_ids\.npy: cannot read"):
+    features.open_store(lost)
 
 
 def test_token_match_marks_the_claim_tokens_each_item_repeats(store_dir, tokenizer, gold):
