@@ -321,3 +321,33 @@ def test_task_constants_reach_the_loss_as_a_step_argument(one_device_run, tmp_pa
   assert passed == [True]
   np.testing.assert_allclose(losses(str(tmp_path))[0], 3 * losses(one_device_run[0])[0],
                              rtol=1e-5)
+
+
+def test_a_stop_signal_ends_a_job_step_instead_of_starting_the_next(monkeypatch, capsys):
+  from absl import flags
+  from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.utils import cli
+  stopped = loop.TrainResult("preempted", 7, {"loss": 0.5}, "SIGINT")
+  monkeypatch.setattr(loop, "train", lambda *args, **kwargs: stopped)
+  with pytest.raises(cli.Stopped, match=r"/w/stages/x: training stopped at step 7 by SIGINT; "
+                     "checkpoint saved; rerun the same command to resume") as info:
+    retrieval_stage._train("x", toy_config(), "/w", log=lambda _: None)
+  assert info.value.exit_code == 128 + signal.SIGINT
+  preemption = dataclasses.replace(stopped, stop="preemption")  # Multi-process notice.
+  monkeypatch.setattr(loop, "train", lambda *args, **kwargs: preemption)
+  with pytest.raises(cli.Stopped) as info:
+    loop.train_stage(toy_config(), "/w")
+  assert info.value.exit_code == 128 + signal.SIGTERM
+  finished = loop.TrainResult("finished", 9, {})
+  monkeypatch.setattr(loop, "train", lambda *args, **kwargs: finished)
+  assert loop.train_stage(toy_config(), "/w") is finished
+
+  def main(argv):
+    raise cli.Stopped("the job was told to stop", signal.SIGTERM)
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS(["test"])
+  with pytest.raises(SystemExit) as exit_info:
+    cli.friendly_errors(main)([])
+  assert exit_info.value.code == 143
+  assert "stopped: the job was told to stop" in capsys.readouterr().err

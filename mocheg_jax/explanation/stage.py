@@ -213,7 +213,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   def train(name: str, config: ml_collections.ConfigDict, where: str) -> None:
     log(f"training {name} in {where}")
     start = time.perf_counter()
-    loop.train(config, where, log=log)
+    loop.train_stage(config, where, log=log)
     timings[name] = round(time.perf_counter() - start, 2)
 
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)

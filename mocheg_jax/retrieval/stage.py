@@ -35,7 +35,7 @@ OUTPUTS = ("index/text_zero_shot", "index/text", "index/image", "runs/text.run",
 def _train(name: str, config, workdir: str, log: Callable[[str], None]) -> str:
   stage_dir = os.path.join(workdir, "stages", name)
   log(f"training {name} ({config.data.scale}) in {stage_dir}")
-  loop.train(config, stage_dir, log=log)
+  loop.train_stage(config, stage_dir, log=log)
   return stage_dir
 
 

@@ -33,6 +33,7 @@ from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.step import make_train_step
 from mocheg_jax.train.writer import MetricWriter
 from mocheg_jax.utils import paths
+from mocheg_jax.utils.cli import Stopped
 from mocheg_jax.utils.progress import Progress
 
 CHECKPOINT_DIR = "checkpoints"
@@ -47,6 +48,21 @@ class TrainResult:
   status: str  # "finished", "preempted" or "early_stopped"
   step: int
   metrics: dict[str, float]  # The last logged training metrics and evaluation results.
+  stop: str | None = None  # "preempted": what stopped it ("SIGTERM", "SIGINT", "preemption").
+
+
+def train_stage(config: ml_collections.ConfigDict, workdir: str,
+                log: Callable[[str], None] = print, **train_kwargs) -> TrainResult:
+  """`train` as one step of a longer job: a stop signal ends the whole job (raises
+  `Stopped`, its checkpoint saved), so the next step never starts from an unfinished model
+  and the job does not go on after it was told to stop."""
+  result = train(config, workdir, log=log, **train_kwargs)
+  if result.status == "preempted":
+    stop = result.stop or "SIGTERM"
+    number = signal.Signals[stop] if stop in signal.Signals.__members__ else signal.SIGTERM
+    raise Stopped(f"{workdir}: training stopped at step {result.step} by {stop}; checkpoint "
+                  "saved; rerun the same command to resume", int(number))
+  return result
 
 
 class _StopSignals:
@@ -320,7 +336,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
             checkpoints.wait()
             say(f"received {stop} at step {step}: checkpoint saved; rerun the same command "
                 "to resume")
-            return TrainResult("preempted", step, last)
+            return TrainResult("preempted", step, last, stop)
       checkpoints.wait()
       return TrainResult("finished", step, last)
     finally:

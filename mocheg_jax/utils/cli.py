@@ -16,8 +16,18 @@ from mocheg_jax.data.report import MochegInputError
 USER_ERRORS = (MochegInputError, FileNotFoundError, NotADirectoryError, FileExistsError)
 
 
+class Stopped(Exception):
+  """A stop signal (SIGTERM, SIGINT, a preemption notice) ended a job before its end; what
+  it finished is saved. Entry points exit with 128 + the signal's number."""
+
+  def __init__(self, message: str, signal_number: int):
+    super().__init__(message)
+    self.exit_code = 128 + signal_number
+
+
 def friendly_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
-  """Wraps an absl `main`: user errors print `error: ...` to stderr and exit with 1."""
+  """Wraps an absl `main`: user errors print `error: ...` to stderr and exit with 1; a
+  `Stopped` job prints `stopped: ...` and exits with 128 + the signal's number."""
 
   @functools.wraps(main)
   def wrapped(argv: list[str]) -> None:
@@ -28,5 +38,8 @@ def friendly_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], 
     except USER_ERRORS as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(1)
+    except Stopped as e:
+      print(f"stopped: {e}", file=sys.stderr)
+      sys.exit(e.exit_code)
 
   return wrapped

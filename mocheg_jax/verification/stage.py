@@ -141,7 +141,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
     config = _config(scale, workdir, seed, clip_dir, use_text, use_image, release, overrides)
     stage_dirs[name] = os.path.join(workdir, "stages", f"verify_{name.replace('+', '_')}")
     log(f"training verifier ({name} evidence) in {stage_dirs[name]}")
-    loop.train(config, stage_dirs[name], log=log)
+    loop.train_stage(config, stage_dirs[name], log=log)
 
   def evaluate() -> dict:
     inputs = {"trained": {n: evaluations.trained(d) for n, d in stage_dirs.items()},
