@@ -151,11 +151,13 @@ class VerificationBatches:
     text_mask = np.zeros((self.max_text_items, self.max_text_len), bool)
     if texts:
       text[:len(texts)], text_mask[:len(texts)] = self.store.text(texts, self.max_text_len)
-    match = {}
-    if self.token_match:
-      match["text_match"] = self._token_match(e.claim, texts)
-    if self.claim_ids:
-      match["claim_ids"] = self.store.token_ids([e.claim], self.max_claim_len)[0]
+    ids = {}  # Token-id inputs, when asked for: the claim's ids are read once for both.
+    if self.token_match or self.claim_ids:
+      claim_ids = self.store.token_ids([e.claim], self.max_claim_len)[0]  # [Lc], -1 padding
+      if self.token_match:
+        ids["text_match"] = self._token_match(claim_ids, texts)
+      if self.claim_ids:
+        ids["claim_ids"] = claim_ids
     images = e.images[:self.max_images]
     image = np.zeros((self.max_images, m.patches, m.image_dim), self.dtype)
     if images:
@@ -163,16 +165,15 @@ class VerificationBatches:
     return {
         "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],
         "text": text, "text_mask": text_mask,
-        "image": image, "image_mask": np.arange(self.max_images) < len(images), **match,
+        "image": image, "image_mask": np.arange(self.max_images) < len(images), **ids,
         "label": np.int32(e.label), "claim_id": np.int32(e.claim_id), "valid": np.bool_(True),
     }
 
-  def _token_match(self, claim: str, texts: Sequence[str]) -> np.ndarray:
-    """[Nt, Lc] float32: whether each claim token's id is among each item's (as cut to the
-    lengths the model sees); 0 on padding."""
+  def _token_match(self, claim_ids: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+    """[Nt, Lc] float32: whether each claim token's id (-1: padding) is among each item's
+    (as cut to the lengths the model sees); 0 on padding."""
     out = np.zeros((self.max_text_items, self.max_claim_len), np.float32)
     if texts:
-      claim_ids = self.store.token_ids([claim], self.max_claim_len)[0]  # [Lc], -1 padding
       item_ids = self.store.token_ids(texts, self.max_text_len)  # [n, Lt]
       hits = (claim_ids[None, :, None] == item_ids[:, None, :]).any(-1)
       out[:len(texts)] = hits & (claim_ids >= 0)[None]

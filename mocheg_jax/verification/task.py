@@ -215,16 +215,23 @@ def load_clip_only(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int,
 
 
 # ---- the model and its inputs ---------------------------------------------------------------
+def _extra_inputs(v: ml_collections.ConfigDict) -> tuple[bool, bool]:
+  """Whether the model reads token-match bits and the claim's token ids (options that need
+  the modality they belong to)."""
+  return (bool(v.use_text and v.token_match),
+          bool(v.use_image and v.image_query == "words"))
+
+
 def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                   ) -> stance.StanceConfig:
+  token_match, word_queries = _extra_inputs(v)
   return stance.StanceConfig(text_dim=manifest.text_dim, image_dim=manifest.image_dim,
                              hidden=v.hidden, heads=v.heads, dropout=v.dropout,
                              use_text=v.use_text, use_image=v.use_image,
                              missing_modality=v.missing_modality,
                              text_attention=v.text_attention,
-                             token_match=v.token_match and v.use_text,
-                             item_pool=v.item_pool,
-                             image_query=v.image_query if v.use_image else "states",
+                             token_match=token_match, item_pool=v.item_pool,
+                             image_query="words" if word_queries else "states",
                              image_read=v.image_read,
                              pair_dim=v.pair_dim, match_heads=v.match_heads,
                              match_pool=v.match_pool, patches=manifest.patches)
@@ -260,11 +267,12 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
   """The batch fields the model reads (only those travel to the devices)."""
   axes = {"claim": ("batch", None, None), "claim_mask": ("batch", None),
           "label": ("batch",), "valid": ("batch",)}
+  token_match, word_queries = _extra_inputs(v)
   if v.use_text:
     axes.update(text=("batch", None, None, None), text_mask=("batch", None, None))
-    if v.token_match:
-      axes.update(text_match=("batch", None, None))
-  if v.use_image and v.image_query == "words":
+  if token_match:
+    axes.update(text_match=("batch", None, None))
+  if word_queries:
     axes.update(claim_ids=("batch", None))
   if v.use_image:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
@@ -334,11 +342,11 @@ class Verifier:
 
   def batches(self, claims: Sequence[evidence_lib.ClaimEvidence]) -> VerificationBatches:
     v = self.config.verify
+    token_match, word_queries = _extra_inputs(v)
     return VerificationBatches(claims, self.store(claims), max_claim_len=v.max_claim_len,
                                max_text_len=v.max_text_len, max_text_items=v.max_text_items,
-                               max_images=v.max_images,
-                               token_match=v.token_match and v.use_text,
-                               claim_ids=v.use_image and v.image_query == "words")
+                               max_images=v.max_images, token_match=token_match,
+                               claim_ids=word_queries)
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
     return split_evidence(self.release, split, source, self.config.verify)
