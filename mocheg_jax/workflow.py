@@ -158,8 +158,10 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
         f"{pipeline.skip_reason}); batch {_describe(batch)}")
     summary["batches"][task] = {k: list(v.shape) for k, v in batch.items()}
 
-  summary["retrieval"] = timed("retrieval", lambda: retrieval_stage.run(
-      workdir, scale, seed, log, **stage_inputs))["rows"]
+  retrieval = timed("retrieval", lambda: retrieval_stage.run(
+      workdir, scale, seed, log, **stage_inputs))
+  summary["retrieval"] = retrieval["rows"]
+  summary["retrieval_system_text"] = retrieval["system_text"]
   summary["verification"] = timed("verification", lambda: verification_stage.run(
       workdir, scale, seed, log, **stage_inputs))["rows"]
   explanation = timed("explanation", lambda: explanation_stage.run(
@@ -168,8 +170,9 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
   summary["explanation_classifier"] = explanation["classifier"]
 
   def publish() -> dict:
-    manifest_lib.write_manifest(workdir, scale=scale, seed=seed, release=summary["release"],
-                                moved=moved)
+    manifest_lib.write_manifest(
+        workdir, scale=scale, seed=seed, release=summary["release"], moved=moved,
+        settings=manifest_lib.Settings(rerank=retrieval["system_text"]["reranked"]))
     summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
         workdir, release, log))
     report = report_lib.write_report(workdir, summary, log=log)

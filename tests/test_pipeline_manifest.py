@@ -24,12 +24,13 @@ def _pipeline_folder(root):
 def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
   root = _pipeline_folder(tmp_path / "run")
   manifest_lib.write_manifest(str(root), scale="tiny", seed=3,
-                              settings=manifest_lib.Settings(text_top_k=7))
+                              settings=manifest_lib.Settings(text_top_k=7, rerank=False))
   read = manifest_lib.read_manifest(str(root))
   assert read.stages["verifier"] == str(root / "stages" / "verify_text_image")
   assert read.indexes["image"] == str(root / "index" / "image")
   assert read.release == str(root / "release")
   assert (read.scale, read.seed, read.settings.text_top_k) == ("tiny", 3, 7)
+  assert read.settings.rerank is False
   assert not (root / "manifest.json.tmp").exists()
 
 
@@ -68,6 +69,7 @@ def test_malformed_manifests_are_refused(tmp_path):
   for change, message in ((dict(format=99), "not a format-1 pipeline manifest"),
                           (dict(stages={"verifier": "x"}), r"stages lacks \['generator'"),
                           (dict(settings={"text_top_k": 0}), "text_top_k must be >= 1"),
+                          (dict(settings={"rerank": 0}), "rerank must be true or false"),
                           (dict(settings={"top": 1}), "bad settings"),
                           (dict(release="gone"), "the release folder 'gone' is missing")):
     path.write_text(json.dumps({**good, **change}))

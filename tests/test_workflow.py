@@ -138,11 +138,46 @@ def test_search_and_index_scripts(main_job, tmp_path):
               "the index does not match the text KB of")
 
 
+def _bi_encoder_run(workdir: pathlib.Path) -> dict:
+  """The test claims' top 10 by the main job's text retriever alone (no reranking)."""
+  from mocheg_jax.retrieval import system
+  from mocheg_jax.train.restore import load_trained
+
+  text = load_trained(str(workdir / "stages" / "retrieval_text"))
+  return system.search_claims(text, system.open_index(text, str(workdir / "index" / "text")),
+                              str(workdir / "release"), "test", 10)
+
+
+def test_system_text_evidence_is_the_ranking_chosen_on_dev(main_job):
+  """The result CSV's text columns (system evidence of Tables 4 and 5) are the reranked run
+  or the bi-encoder's, as `choose_text_system` decided from the dev scores, and the
+  manifest tells the fact-checker the same."""
+  from mocheg_jax.retrieval import stage as retrieval_stage
+
+  workdir, summary, _ = main_job
+  choice = summary["retrieval_system_text"]
+  assert choice == retrieval_stage.choose_text_system(
+      str(workdir / "stages" / "retrieval_text"), str(workdir / "stages" / "rerank"))
+  assert all(isinstance(v, float) for v in choice["dev"].values())
+  assert manifest_lib.read_manifest(str(workdir)).settings.rerank == choice["reranked"]
+  expected = (trec.read_run(workdir / "runs" / "text.run") if choice["reranked"]
+              else _bi_encoder_run(workdir))
+  csv_rows = read_results(workdir / "runs" / "retrieval_results.csv")
+  assert sorted(str(c) for c in csv_rows) == sorted(expected)
+  for claim_id, row in csv_rows.items():
+    ranked = expected[str(claim_id)]
+    assert list(row.text_ids) == [d for d, _ in ranked]
+    assert list(row.text_scores) == pytest.approx([s for _, s in ranked], abs=1e-4)
+
+
 def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   """The pipeline folder checks the test claims exactly as the stages scored them: the
-  reranked text run, the image run, the system labels (text+image verifier on system
-  evidence) and the NLL generator's explanations with system evidence and labels."""
+  system text evidence (reranked or not, as the manifest says), the image run, the system
+  labels (text+image verifier on system evidence) and the NLL generator's explanations
+  with system evidence and labels. With the other reranking setting, the text evidence is
+  the other ranking."""
   import csv
+  import dataclasses
 
   from mocheg_jax.data.mocheg import MochegRelease
   from mocheg_jax.pipeline.fact_checker import FactChecker
@@ -152,14 +187,24 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   assert len(summary["fact_checks"]) == workflow.SAMPLE_CLAIMS
   assert '"explanation": ' in text  # The sample checks' JSON is printed.
   claims = MochegRelease(workdir / "release").claims("test")
+  manifest = manifest_lib.read_manifest(str(workdir))
   checker = FactChecker.load(str(workdir))
+  other = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
+      manifest.settings, rerank=not manifest.settings.rerank)))
   try:
     results = checker.check_many([c.claim for c in claims])
     with_image = checker.check(claims[0].claim, image=str(
         workdir / "release" / "images" / sorted(os.listdir(workdir / "release" / "images"))[0]))
+    other_texts = [r.text_evidence for r in other.check_many([c.claim for c in claims[:4]])]
   finally:
     checker.close()
-  text_run = trec.read_run(workdir / "runs" / "text.run")
+    other.close()
+  reranked_run = trec.read_run(workdir / "runs" / "text.run")
+  runs = {True: reranked_run, False: _bi_encoder_run(workdir)}
+  text_run = runs[manifest.settings.rerank]
+  for claim, evidence in zip(claims, other_texts):
+    assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in evidence] == \
+        runs[not manifest.settings.rerank][str(claim.claim_id)]
   image_run = trec.read_run(workdir / "runs" / "image.run")
   labels = read_predictions(workdir / "runs" / "verify_results.csv")
   with open(workdir / "runs" / "explanations" /

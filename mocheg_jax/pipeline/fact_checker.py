@@ -7,7 +7,8 @@
 For each claim, in one batch per step:
 1. text evidence: the text retriever's bi-encoder searches the KB index for
    `text_candidates` sentences, the cross-encoder reorders them, the best `text_top_k` are
-   kept (what Table 3's "SBERT + rerank" row scores);
+   kept (what Table 3's "SBERT + rerank" row scores); without `settings.rerank` (the main
+   job found the reranker worse on dev) the bi-encoder's best `text_top_k` are;
 2. image evidence: the image retriever (CLIP) searches the KB images; an image given with
    the claim is scored by the same CLIP and put first (it is the claim's own picture);
 3. verification: the stance model reads the best `verifier_texts` sentences and
@@ -148,7 +149,8 @@ class FactChecker:
                                  manifest.release)
     self._kb_texts = kb.texts
     self._release = release
-    self._reranker = rerank_lib.load_reranker(stages["reranker"], moved=moved)
+    self._reranker = (rerank_lib.load_reranker(stages["reranker"], moved=moved)
+                      if self.settings.rerank else None)
     self._verifier_run = load_trained(stages["verifier"], moved=moved)
     self._generator = load_trained(stages["generator"], moved=moved)
     if cache_dir is None:
@@ -201,11 +203,15 @@ class FactChecker:
   def _text_evidence(self, claims: list[str]) -> list[list[TextEvidence]]:
     s = self.settings
     queries = system.normalized(self._text.task.inference.encode_queries(self._text.model, claims))
-    hits = search_lib.search(queries, self._text_index, max(s.text_candidates, s.text_top_k))
-    candidates = [[(doc, self._kb_texts[doc]) for doc, _ in ranked] for ranked in hits]
-    reranked = self._reranker(claims, candidates, top_k=s.text_top_k)
+    if self._reranker is None:
+      ranked_hits = search_lib.search(queries, self._text_index, s.text_top_k)
+    else:
+      hits = search_lib.search(queries, self._text_index,
+                               max(s.text_candidates, s.text_top_k))
+      candidates = [[(doc, self._kb_texts[doc]) for doc, _ in ranked] for ranked in hits]
+      ranked_hits = self._reranker(claims, candidates, top_k=s.text_top_k)
     return [[TextEvidence(doc, self._kb_texts[doc], float(score)) for doc, score in ranked]
-            for ranked in reranked]
+            for ranked in ranked_hits]
 
   def _image_evidence(self, claims: list[str], images: list[str | None]
                       ) -> list[list[ImageEvidence]]:

@@ -47,10 +47,16 @@ class Settings:
   verifier_texts: int = 5  # Of those, what the verifier reads (verification's system
   verifier_images: int = 5  # evidence: evidence.system_evidence's defaults).
   generator_texts: int = 5  # Sentences the generator reads (explanation.inputs.TOP_TEXT).
+  # Whether the cross-encoder reorders the bi-encoder's hits: the main job turns it off when
+  # the reranker did worse on dev than the bi-encoder alone (retrieval.stage
+  # .choose_text_system), so that the checker reads the evidence the tables scored.
+  rerank: bool = True
 
   def __post_init__(self):
+    if not isinstance(self.rerank, bool):
+      raise ValueError(f"Settings.rerank must be true or false, got {self.rerank!r}")
     for field in dataclasses.fields(self):
-      if getattr(self, field.name) < 1:
+      if field.name != "rerank" and getattr(self, field.name) < 1:
         raise ValueError(f"Settings.{field.name} must be >= 1, got "
                          f"{getattr(self, field.name)}")
 

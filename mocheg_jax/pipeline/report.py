@@ -24,6 +24,7 @@ from mocheg_jax.data.labels import NUM_CLASSES
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.metrics import retrieval as retrieval_metrics
+from mocheg_jax.retrieval.stage import describe_choice
 from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import plots
 from mocheg_jax.train import evaluations, writer
@@ -210,6 +211,9 @@ def _markdown(results: dict, texts: dict[str, str | None]) -> str:
         cells = ", ".join(f"@{k} {100 * r:.2f}" for k, r in zip(curve["k"], curve["recall"]))
         lines.append(f"Recall@K, {modality} ({curve['system']}): {cells}.")
       lines.append("")
+      if results["system_text"]:
+        lines += ["System text evidence (Tables 4 and 5, the fact-checker): "
+                  f"{describe_choice(results['system_text'])}.", ""]
     if key == "table5" and results["explanation_classifier"]:
       scores = results["explanation_classifier"]
       figures = ", ".join(  # "-": a figure that was not a number (null in results.json).
@@ -282,6 +286,7 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
       "timings_s": summary.get("timings_s", {}),
       **rows,
       "explanation_classifier": summary.get("explanation_classifier"),
+      "system_text": summary.get("retrieval_system_text"),
       "recall_at_k": curves,
       "training": {stage: {"steps": len(t["records"]),
                            "last_step": _last(t["records"], "step"),

@@ -65,6 +65,15 @@ def checkpoint_step(workdir: str, which: str = "best") -> tuple[Checkpointer, in
   return checkpoints, latest
 
 
+def best_score(workdir: str) -> tuple[str, float] | None:
+  """(the config's `best_metric`, its value at the best kept step) of a training workdir;
+  None when the config names no metric or no kept step recorded it."""
+  checkpoints, _ = checkpoint_step(workdir, "best")
+  with checkpoints:
+    best = checkpoints.best() if checkpoints.best_metric else None
+  return None if best is None else (checkpoints.best_metric, best[1])
+
+
 def _merged(defaults: dict, saved: dict) -> dict:
   out = dict(defaults)
   for key, value in saved.items():
