@@ -162,8 +162,10 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
       workdir, scale, seed, log, **stage_inputs))
   summary["retrieval"] = retrieval["rows"]
   summary["retrieval_system_text"] = retrieval["system_text"]
-  summary["verification"] = timed("verification", lambda: verification_stage.run(
-      workdir, scale, seed, log, **stage_inputs))["rows"]
+  verification = timed("verification", lambda: verification_stage.run(
+      workdir, scale, seed, log, **stage_inputs))
+  summary["verification"] = verification["rows"]
+  summary["system_labels"] = verification["system_labels"]
   explanation = timed("explanation", lambda: explanation_stage.run(
       workdir, scale, seed, log, **stage_inputs))
   summary["explanation"] = explanation["rows"]
@@ -172,7 +174,8 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
   def publish() -> dict:
     manifest_lib.write_manifest(
         workdir, scale=scale, seed=seed, release=summary["release"], moved=moved,
-        settings=manifest_lib.Settings(rerank=retrieval["system_text"]["reranked"]))
+        settings=manifest_lib.Settings(rerank=retrieval["system_text"]["reranked"]),
+        verifier=verification["system_labels"]["stage"])
     summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
         workdir, release, log))
     report = report_lib.write_report(workdir, summary, log=log)

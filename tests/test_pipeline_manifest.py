@@ -27,6 +27,15 @@ def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
                               settings=manifest_lib.Settings(text_top_k=7, rerank=False))
   read = manifest_lib.read_manifest(str(root))
   assert read.stages["verifier"] == str(root / "stages" / "verify_text_image")
+  # The verifier that wrote the system labels, when not the text+image one.
+  with pytest.raises(MochegInputError, match=r"stage 'verifier' \(.*verify_text\) is missing"):
+    manifest_lib.write_manifest(str(root), scale="tiny", seed=3,
+                                verifier="stages/verify_text")
+  (root / "stages" / "verify_text" / CHECKPOINT_DIR).mkdir(parents=True)
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=3, verifier="stages/verify_text",
+                              settings=manifest_lib.Settings(text_top_k=7, rerank=False))
+  read = manifest_lib.read_manifest(str(root))
+  assert read.stages["verifier"] == str(root / "stages" / "verify_text")
   assert read.indexes["image"] == str(root / "index" / "image")
   assert read.release == str(root / "release")
   assert (read.scale, read.seed, read.settings.text_top_k) == ("tiny", 3, 7)

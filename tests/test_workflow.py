@@ -61,7 +61,7 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
              for r in summary["verification"])
   assert "| Stance (text+image) | gold |" in text  # Table 4 printed.
   results = read_results(workdir / "runs" / "retrieval_results.csv")
-  assert len(results) == summary["splits"]["test"]["claims"]
+  assert len(results) == sum(summary["splits"][s]["claims"] for s in ("val", "test"))
   assert all(len(r.text_ids) == 10 and len(r.images) == 10 for r in results.values())
   on_disk = json.load(open(workdir / "summary.json"))
   assert on_disk["batches"] == summary["batches"]
@@ -138,36 +138,59 @@ def test_search_and_index_scripts(main_job, tmp_path):
               "the index does not match the text KB of")
 
 
-def _bi_encoder_run(workdir: pathlib.Path) -> dict:
-  """The test claims' top 10 by the main job's text retriever alone (no reranking)."""
+def _text_run(workdir: pathlib.Path, split: str, reranked: bool) -> dict:
+  """A split's claims' top 10 by the main job's text retriever, reranked or not (as the
+  retrieval stage searches)."""
+  from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.retrieval import system
   from mocheg_jax.train.restore import load_trained
 
   text = load_trained(str(workdir / "stages" / "retrieval_text"))
+  release = str(workdir / "release")
+  rerank = (system.load_reranker(str(workdir / "stages" / "rerank"), "text", release)
+            if reranked else None)
   return system.search_claims(text, system.open_index(text, str(workdir / "index" / "text")),
-                              str(workdir / "release"), "test", 10)
+                              release, split, 10, rerank=rerank,
+                              candidates=retrieval_stage.RERANK_CANDIDATES)
 
 
-def test_system_text_evidence_is_the_ranking_chosen_on_dev(main_job):
-  """The result CSV's text columns (system evidence of Tables 4 and 5) are the reranked run
-  or the bi-encoder's, as `choose_text_system` decided from the dev scores, and the
-  manifest tells the fact-checker the same."""
+def _assert_same_run(run: dict, expected: dict) -> None:
+  assert sorted(run) == sorted(expected)
+  for claim, ranked in run.items():
+    assert [d for d, _ in ranked] == [d for d, _ in expected[claim]]
+    assert [s for _, s in ranked] == pytest.approx([s for _, s in expected[claim]], abs=1e-4)
+
+
+def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
+  """The result CSV's text columns (system evidence of Tables 4 and 5), for the test and the
+  dev claims, are the reranked runs or the bi-encoder's, as `choose_text_system` decided
+  from the dev scores; the system labels come from the verifier `choose_system_verifier`
+  picked on the dev claims' system evidence; the manifest tells the fact-checker both."""
   from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.train.restore import load_trained
+  from mocheg_jax.verification import stage as verification_stage
 
-  workdir, summary, _ = main_job
+  workdir, summary, text = main_job
   choice = summary["retrieval_system_text"]
   assert choice == retrieval_stage.choose_text_system(
       str(workdir / "stages" / "retrieval_text"), str(workdir / "stages" / "rerank"))
   assert all(isinstance(v, float) for v in choice["dev"].values())
-  assert manifest_lib.read_manifest(str(workdir)).settings.rerank == choice["reranked"]
-  expected = (trec.read_run(workdir / "runs" / "text.run") if choice["reranked"]
-              else _bi_encoder_run(workdir))
+  manifest = manifest_lib.read_manifest(str(workdir))
+  assert manifest.settings.rerank == choice["reranked"]
+  assert f"system text evidence: {retrieval_stage.describe_choice(choice)}" in text
+  expected = {**_text_run(workdir, "val", choice["reranked"]),
+              **_text_run(workdir, "test", choice["reranked"])}
   csv_rows = read_results(workdir / "runs" / "retrieval_results.csv")
-  assert sorted(str(c) for c in csv_rows) == sorted(expected)
-  for claim_id, row in csv_rows.items():
-    ranked = expected[str(claim_id)]
-    assert list(row.text_ids) == [d for d, _ in ranked]
-    assert list(row.text_scores) == pytest.approx([s for _, s in ranked], abs=1e-4)
+  _assert_same_run({str(c): list(zip(r.text_ids, r.text_scores)) for c, r in csv_rows.items()},
+                   expected)
+  assert all(len(r.images) == 10 for r in csv_rows.values())
+
+  labels = summary["system_labels"]
+  trained = {m: load_trained(str(workdir / verification_stage.stage_folder(m)))
+             for m in verification_stage.SYSTEM_LABEL_MODES}
+  assert labels == verification_stage.choose_system_verifier(
+      trained, str(workdir / "runs" / "retrieval_results.csv"))
+  assert manifest.stages["verifier"] == str(workdir / labels["stage"])
 
 
 def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
@@ -199,8 +222,8 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   finally:
     checker.close()
     other.close()
-  reranked_run = trec.read_run(workdir / "runs" / "text.run")
-  runs = {True: reranked_run, False: _bi_encoder_run(workdir)}
+  runs = {r: _text_run(workdir, "test", r) for r in (True, False)}
+  _assert_same_run(trec.read_run(workdir / "runs" / "text.run"), runs[True])
   text_run = runs[manifest.settings.rerank]
   for claim, evidence in zip(claims, other_texts):
     assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in evidence] == \

@@ -77,13 +77,16 @@ class Manifest:
 
 
 def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "",
-                   settings: Settings = Settings(), moved: paths.Moved = None) -> str:
+                   settings: Settings = Settings(), moved: paths.Moved = None,
+                   verifier: str = STAGES["verifier"]) -> str:
   """Writes the main job's manifest (atomically) and returns its path; every part must
   exist already (checked by reading it back). `release`: the release folder the pipeline
   was trained on, when not the synthetic world in PIPELINE_DIR/release. `moved`: the job
   reran in a folder moved since it was first written (`recorded_move`); the records kept
   from then still name the old root, so the manifest keeps it as `written_at` (records
-  written now, under the new root, relocate to themselves)."""
+  written now, under the new root, relocate to themselves). `verifier`: the folder (relative
+  to the pipeline's) of the verifier that wrote the system labels, when not the text+image
+  one (verification.stage.choose_system_verifier)."""
   root = os.path.abspath(pipeline_dir)
   if release:
     release = os.path.abspath(release)
@@ -92,7 +95,7 @@ def write_manifest(pipeline_dir: str, *, scale: str, seed: int, release: str = "
   data = {"format": FORMAT, "scale": scale, "seed": seed,
           "written_at": moved[0] if moved else root,
           "release": release or RELEASE,
-          "stages": dict(STAGES), "indexes": dict(INDEXES),
+          "stages": {**STAGES, "verifier": verifier}, "indexes": dict(INDEXES),
           "settings": dataclasses.asdict(settings)}
   path = os.path.join(pipeline_dir, MANIFEST)
   files.write_json(path, data, indent=2)

@@ -2,12 +2,13 @@
 
 Trains the text retriever, the cross-encoder reranker and the image retriever on the
 prepared world, indexes the KB with each, searches for the test claims, and scores them
-beside a BM25 baseline and the zero-shot (not fine-tuned) text encoder. The test claims'
-text evidence in WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5)
-is the reranked run or the bi-encoder's, whichever did better on dev
-(`choose_text_system`); runs/text.run is always the reranked one. Everything lands
-under WORKDIR and is reused on a rerun: a finished training is not repeated (the trainer
-resumes to its last step), an index is complete or resumed, runs are rewritten.
+beside a BM25 baseline and the zero-shot (not fine-tuned) text encoder. The text
+evidence in WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for
+the test claims and the dev claims) is the reranked run or the bi-encoder's, whichever did
+better on dev (`choose_text_system`); runs/text.run is always the reranked test run.
+Everything lands under WORKDIR and is reused on a rerun: a finished training is not
+repeated (the trainer resumes to its last step), an index is complete or resumed, runs are
+rewritten.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mocheg_jax.train.restore import Trained, best_score, load_trained, untraine
 from mocheg_jax.utils import configs
 
 SPLIT = "test"
+DEV_SPLIT = "val"  # Its claims are searched too: the verification stage's dev system evidence.
 TOP_K = 10  # Runs keep 10 per claim: Table 3 reports K = 5 and 10.
 RERANK_CANDIDATES = 100  # Bi-encoder candidates the cross-encoder reorders (1000 on the paper).
 BI_ENCODER, RERANKED = "SBERT fine-tuned", "SBERT + rerank"  # Table 3's rows of the two.
@@ -68,7 +70,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
               "zero_shot": text_config.to_dict(), "release": release_dir,
               "release_files": evaluations.folder_sizes(release_dir),
               "settings": {"split": SPLIT, "top_k": TOP_K, "candidates": RERANK_CANDIDATES,
-                           "system_text": "best on dev"}}
+                           "system_text": "best on dev", "results_splits": [DEV_SPLIT, SPLIT]}}
     out = evaluations.reuse(workdir, "retrieval", inputs, OUTPUTS, lambda: _evaluate(
         workdir, text_dir, rerank_dir, image_dir, text_config, release_dir), log)
     log("\nTable 3 (test split, synthetic world):\n" + out["table"])
@@ -107,20 +109,31 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
   text_run = _dense_run(text, os.path.join(workdir, "index", "text"), release_dir)
   score(BI_ENCODER, {"text": text_run}, {"text": encode_text})
 
-  reranked = system.search_claims(
-      text, system.open_index(text, os.path.join(workdir, "index", "text")), release_dir,
-      SPLIT, TOP_K, rerank=system.load_reranker(rerank_dir, "text", release_dir),
-      candidates=RERANK_CANDIDATES)
+  text_index = system.open_index(text, os.path.join(workdir, "index", "text"))
+  reranker = system.load_reranker(rerank_dir, "text", release_dir)
+  reranked = system.search_claims(text, text_index, release_dir, SPLIT, TOP_K,
+                                  rerank=reranker, candidates=RERANK_CANDIDATES)
   system.write_outputs(reranked, "text", run_path=os.path.join(runs_dir, "text.run"),
                        results_path=None, release_dir=release_dir, tag="rerank")
   score(RERANKED, {"text": reranked}, {"text": encode_text})
   choice = choose_text_system(text_dir, rerank_dir)
-  system.write_outputs(reranked if choice["reranked"] else text_run, "text", run_path=None,
-                       results_path=results_csv, release_dir=release_dir, tag="system")
+  # The result CSV holds the dev claims too, searched the same way (their rows are what
+  # the verification stage picks the system-label verifier with).
+  dev_text = system.search_claims(text, text_index, release_dir, DEV_SPLIT, TOP_K,
+                                  rerank=reranker if choice["reranked"] else None,
+                                  candidates=RERANK_CANDIDATES)
+  system.write_outputs({**dev_text, **(reranked if choice["reranked"] else text_run)}, "text",
+                       run_path=None, results_path=results_csv, release_dir=release_dir,
+                       tag="system")
 
   image = load_trained(image_dir)
-  image_run = _dense_run(image, os.path.join(workdir, "index", "image"), release_dir)
+  image_index_dir = os.path.join(workdir, "index", "image")
+  image_run = _dense_run(image, image_index_dir, release_dir)
+  dev_images = system.search_claims(image, system.open_index(image, image_index_dir),
+                                    release_dir, DEV_SPLIT, TOP_K)
   system.write_outputs(image_run, "image", run_path=os.path.join(runs_dir, "image.run"),
+                       results_path=None, release_dir=release_dir, tag="clip")
+  system.write_outputs({**dev_images, **image_run}, "image", run_path=None,
                        results_path=results_csv, release_dir=release_dir, tag="clip")
   images = system.corpus(reader, "image")
   rows.extend(table3.table3_rows(
