@@ -10,8 +10,8 @@ After verification, on the world the main job prepared:
 3. generates test explanations with each (beam search, the config's decoding settings) in
    Table 5's four settings: gold or system evidence (WORKDIR/runs/retrieval_results.csv) x
    gold or system labels (WORKDIR/runs/verify_results.csv, the verification stage's chosen
-   verifier on system evidence), and scores them beside LEAD-3, ORACLE and
-   the evidence itself: ROUGE-1/2/L, BLEU, BERTScore on the main job's text retriever's
+   verifier on system evidence), and scores them beside LEAD-3, ORACLE and the evidence
+   itself: ROUGE-1/2/L, BLEU, BERTScore on the main job's text retriever's
    token states, and per generator row the classifier's agreement with the label the
    generator was asked to argue for (what the REINFORCE term is meant to raise).
 Writes WORKDIR/table5.md and table5.json and the generated texts under

@@ -24,9 +24,9 @@ from mocheg_jax.data.labels import NUM_CLASSES
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.metrics import retrieval as retrieval_metrics
-from mocheg_jax.retrieval.stage import describe_choice
 from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import plots
+from mocheg_jax.retrieval.stage import describe_choice
 from mocheg_jax.train import evaluations, writer
 from mocheg_jax.utils import files
 
