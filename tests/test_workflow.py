@@ -196,7 +196,7 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
 def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   """The pipeline folder checks the test claims exactly as the stages scored them: the
   system text evidence (reranked or not, as the manifest says), the image run, the system
-  labels (text+image verifier on system evidence) and the NLL generator's explanations
+  labels (the chosen verifier on system evidence) and the NLL generator's explanations
   with system evidence and labels. With the other reranking setting, the text evidence is
   the other ranking."""
   import csv

@@ -23,12 +23,15 @@ from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import bm25 as bm25_lib
 from mocheg_jax.retrieval import system
 from mocheg_jax.retrieval import table3
+from mocheg_jax.retrieval import text_task
 from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.restore import Trained, best_score, load_trained, untrained
 from mocheg_jax.utils import configs
 
 SPLIT = "test"
-DEV_SPLIT = "val"  # Its claims are searched too: the verification stage's dev system evidence.
+# The split the retrievers were selected on; its claims are searched too (the verification
+# stage's dev system evidence).
+DEV_SPLIT = text_task.DEV_SPLIT
 TOP_K = 10  # Runs keep 10 per claim: Table 3 reports K = 5 and 10.
 RERANK_CANDIDATES = 100  # Bi-encoder candidates the cross-encoder reorders (1000 on the paper).
 BI_ENCODER, RERANKED = "SBERT fine-tuned", "SBERT + rerank"  # Table 3's rows of the two.
