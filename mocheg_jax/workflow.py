@@ -41,8 +41,8 @@ DEMO_SHAPES = {
 }
 SAMPLE_CLAIMS = 3  # Test claims the main job fact-checks at the end.
 # The stage configs the main job trains with (configs/NAME.py).
-STAGE_CONFIGS = ("retrieval_text", "rerank", "retrieval_image", "verify", "classifier",
-                 "explain")
+STAGE_CONFIGS = ("retrieval_text", "rerank", "captions", "retrieval_image", "verify",
+                 "classifier", "explain")
 # Fields a `paper` run cannot default (no hub downloads): the flag of scripts/run_pipeline.py
 # that sets each.
 PAPER_REQUIRED = {("retrieval_image", "model.init"): "--clip",

@@ -25,8 +25,8 @@ from tests.tiny_job import STEPS
 RTOL, ATOL = 1e-4, 1e-6
 # The REINFORCE generator's tied embedding is what caught YNNPACK computing wrong gradients
 # for 2 devices of one process (mocheg_jax/utils/host_devices.py).
-STAGES = ("retrieval_text", "rerank", "retrieval_image", "verify_text_image", "verify_text",
-          "verify_image", "verify_none", "explain_classifier", "explain_nll",
+STAGES = ("retrieval_text", "rerank", "captions", "retrieval_image", "verify_text_image",
+          "verify_text", "verify_image", "verify_none", "explain_classifier", "explain_nll",
           "explain_reinforce")
 
 

@@ -432,13 +432,51 @@ def test_a_store_of_an_older_format_or_without_token_ids_is_refused(store_dir, t
   shutil.copytree(store_dir, old)
   manifest = json.loads((old / "manifest.json").read_text())
   (old / "manifest.json").write_text(json.dumps(dict(manifest, version=1)))
-  with pytest.raises(MochegInputError, match="format version 1, this code reads 2; rebuild"):
+  with pytest.raises(MochegInputError, match="format version 1, this code reads 3; rebuild"):
     features.open_store(old)
   lost = tmp_path / "lost"
   shutil.copytree(store_dir, lost)
   (lost / "part-00000" / "text_ids.npy").unlink()
   with pytest.raises(MochegInputError, match=r"text_ids\.npy: cannot read"):
     features.open_store(lost)
+
+
+def test_embeddings_are_clips_unit_vectors_and_give_the_image_score(tmp_path, store_dir, model,
+                                                                  tokenizer, gold):
+  texts, images = evidence_lib.store_inputs(*gold)
+  path = str(tmp_path / "embedded")
+  features.build_store(path, model, tokenizer, texts, images, fingerprint=FINGERPRINT,
+                       max_text_len=MAX_TEXT_LEN, batch_size=16, embeddings=True)
+  store = features.open_store(path)
+  assert store.manifest.embed_dim == model.config.projection_dim
+
+  def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+  picks = [texts[0], max(texts, key=len)]
+  want = unit(encoding.encode_clip_texts(model, tokenizer, picks, max_length=MAX_TEXT_LEN))
+  np.testing.assert_allclose(store.text_embedding(picks).astype(np.float32), want, atol=2e-3)
+  want = unit(encoding.encode_clip_images(model, images[:3]))
+  got = store.image_embedding(images[:3]).astype(np.float32)
+  np.testing.assert_allclose(got, want, atol=2e-3)
+
+  train, _ = gold
+  batches = data_lib.VerificationBatches(train, store, max_images=2, image_score=True)
+  with_images = next(i for i, e in enumerate(train) if len(e.images) == 1)
+  example, e = batches[with_images], train[with_images]
+  claim = store.text_embedding([e.claim]).astype(np.float32)[0]
+  image = store.image_embedding(e.images).astype(np.float32)[0]
+  np.testing.assert_allclose(example["image_score"], [image @ claim, 0.0], rtol=1e-6)
+  assert abs(example["image_score"][0]) > 1e-3  # Not zero by accident.
+
+  plain = features.open_store(store_dir)  # Built without embeddings.
+  with pytest.raises(MochegInputError, match="image_score needs a feature store with CLIP"):
+    data_lib.VerificationBatches(train, plain, image_score=True)
+  with pytest.raises(MochegInputError, match="holds no CLIP embeddings"):
+    plain.text_embedding(picks)
+  with pytest.raises(MochegInputError, match="embed_dim"):  # One store: all parts or none.
+    features.build_store(store_dir, model, tokenizer, ["a new text"], [],
+                         fingerprint=FINGERPRINT, max_text_len=MAX_TEXT_LEN, embeddings=True)
 
 
 def test_token_match_marks_the_claim_tokens_each_item_repeats(store_dir, tokenizer, gold):

@@ -380,6 +380,42 @@ def test_word_queries_read_the_claim_ids_not_its_states():
     StanceConfig(**SMALL, use_image=False, image_query="words")
 
 
+def test_image_score_reaches_each_present_item_through_its_own_layer():
+  claims = make_claims(21)
+  plain = build(21, item_pool="max")
+  model = build(22, image_score=True, item_pool="max")
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, score_fuse its own.
+  batch = make_batch(claims, seed=5)
+  scores = np.random.default_rng(21).uniform(-0.5, 0.5, batch["image_mask"].shape)
+  batch["image_score"] = jnp.asarray(scores, jnp.float32)
+  logits = run(model, batch)
+  present = np.asarray(batch["image_mask"], bool)
+  moved = jnp.asarray(np.where(present, scores + 0.3, scores), jnp.float32)
+  assert np.abs(run(model, dict(batch, image_score=moved)) - logits).max() > 1e-3
+  absent = jnp.asarray(np.where(present, scores, 9.0), jnp.float32)  # Padding items: ignored.
+  np.testing.assert_allclose(run(model, dict(batch, image_score=absent)), logits, atol=1e-6)
+  # With score_fuse at zero the model is the plain one: the score is its only new input.
+  zeroed = nnx.clone(model)
+  nnx.update(zeroed.score_fuse,
+             jax.tree.map(jnp.zeros_like, nnx.state(zeroed.score_fuse, nnx.Param)))
+  without = {k: v for k, v in batch.items() if k != "image_score"}
+  np.testing.assert_allclose(run(zeroed, batch), run(plain, without), atol=1e-5, rtol=1e-5)
+  assert np.abs(run(zeroed, batch) - logits).max() > 1e-3
+
+  def loss(m):
+    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  grads = nnx.jit(nnx.grad(loss))(model)
+  assert np.abs(np.asarray(grads.score_fuse.kernel[...])).max() > 0
+  with pytest.raises(ValueError, match="image_score=True needs image_score"):
+    model(**without)
+  with pytest.raises(ValueError, match="image_score has shape"):
+    model(**dict(batch, image_score=batch["image_score"][:, :1]))
+  with pytest.raises(ValueError, match="image_score needs use_image"):
+    StanceConfig(**SMALL, use_image=False, image_score=True)
+
+
 def test_zeros_mode_uses_one_classifier_with_zero_stances():
   claims = make_claims(4)
   model = build(5, missing_modality="zeros")

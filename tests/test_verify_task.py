@@ -96,6 +96,22 @@ def test_token_match_max_pooling_and_word_queries_train_and_predict(trained, tmp
   np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-5)
 
 
+def test_image_score_builds_a_store_with_embeddings_and_trains(trained, tmp_path):
+  root, _ = trained
+  features_dir = tmp_path / "features"  # The score needs CLIP's embeddings in the store.
+  config = _config(root / "data", features_dir, image_score=True)
+  config.total_steps, config.eval_every = 4, 4
+  result = loop.train(config, str(tmp_path / "run"), devices=jax.devices()[:1],
+                      log=lambda _: None)
+  assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
+  trained_run = load_trained(str(tmp_path / "run"))
+  assert trained_run.model.config.image_score and trained_run.model.score_fuse is not None
+  verifier = trained_run.task.inference
+  dev = verifier.evidence("val")
+  assert verifier.store(dev).manifest.embed_dim > 0
+  assert verifier.predict(trained_run.model, dev).shape == (len(dev), 3)
+
+
 def _script(*args: str) -> subprocess.CompletedProcess:
   return run_script(REPO / "scripts" / "verify.py", *args, timeout_s=600)  # One CPU device.
 

@@ -26,7 +26,8 @@ from tests.processes import Runs, environment, free_port, process_flags
 STEPS = 4
 TIMEOUT_S = 1800  # A few minutes on an idle 2-core machine (compiling dominates).
 NICENESS = 10  # Below the tests in the foreground: they wait on nothing of these runs.
-_CONFIGS = ("retrieval_text", "rerank", "retrieval_image", "verify", "classifier", "explain")
+_CONFIGS = ("retrieval_text", "rerank", "captions", "retrieval_image", "verify", "classifier",
+            "explain")
 OVERRIDES = {name: {"total_steps": STEPS, "checkpoint_every": STEPS,
                     "optimizer.warmup_steps": 1} for name in _CONFIGS}
 OVERRIDES["explain"]["explain.sc_start_step"] = 2  # The reward term runs too.

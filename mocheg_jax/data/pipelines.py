@@ -22,6 +22,7 @@ import grain
 from absl import flags
 import numpy as np
 
+from mocheg_jax.data import caption_corpus
 from mocheg_jax.data import labels
 from mocheg_jax.data import tfds_mocheg
 from mocheg_jax.data.vision import decode_image
@@ -122,10 +123,11 @@ def _source(data_dir: str, config: str, split: str):
   return tfds_mocheg.load(data_dir, config).as_data_source()[split]
 
 
-def _make_pipeline(source, keep: Callable[[Example], bool], skip_reason: str,
+def _make_pipeline(source, keep: Callable[[Example], bool] | None, skip_reason: str,
                    transform: Callable[[Example, np.random.Generator], Example],
                    loader: LoaderConfig) -> Pipeline:
-  eligible = [i for i in range(len(source)) if keep(source[i])]
+  """`keep` None: every record is usable (not read to check)."""
+  eligible = [i for i in range(len(source)) if keep is None or keep(source[i])]
   if not eligible:
     raise ValueError(f"no usable records ({skip_reason}: all {len(source)} records of the "
                      "split were skipped)")
@@ -167,6 +169,25 @@ def text_retrieval(data_dir: str, split: str, tokenizer_dir: str, loader: Loader
   return _make_pipeline(_source(data_dir, "claims", split),
                         lambda r: len(r["relevant_sentences"]) > 0,
                         "no relevant KB sentence", transform, loader)
+
+
+# ---- caption pre-training: (caption, picture) ---------------------------------------------
+def _caption_example(record: Example, rng: np.random.Generator, *, tokenizer_dir: str,
+                     max_query_len: int) -> Example:
+  del rng  # Each record is one fixed pair.
+  q_ids, q_mask = _encode(tokenizer_dir, record["caption"], max_query_len)
+  # "claim_id" is the pair's row: the image retriever's loss masks copies of one key.
+  return {"claim_id": np.int32(record["index"]), "query_ids": q_ids, "query_mask": q_mask,
+          "image": caption_corpus.normalise(record["pixels"])}
+
+
+def caption_pairs(corpus_dir: str, tokenizer_dir: str, loader: LoaderConfig,
+                  max_query_len: int = 77) -> Pipeline:
+  """Batches of a built caption corpus (data/caption_corpus.py) in the image retriever's
+  batch layout."""
+  transform = functools.partial(_caption_example, tokenizer_dir=tokenizer_dir,
+                                max_query_len=max_query_len)
+  return _make_pipeline(caption_corpus.CaptionSource(corpus_dir), None, "", transform, loader)
 
 
 # ---- image retrieval: (claim, positive KB image) ----------------------------------------

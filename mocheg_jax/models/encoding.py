@@ -330,6 +330,16 @@ def encode_clip_images(model: clip.CLIPModel, paths: Sequence[str | os.PathLike]
                            width=model.config.projection_dim, batch_size=batch_size)
 
 
+def encode_clip_pixels(model: clip.CLIPModel, pixels: np.ndarray, *,
+                       batch_size: int = 64) -> np.ndarray:
+  """CLIP image embeddings of decoded, normalised pictures [N, H, W, 3], as
+  `encode_clip_images` (projected, not normalised), [N, P]."""
+  graphdef, state = nnx.split(model)
+  _, image = _clip_forwards(graphdef)
+  return run_image_encoder(lambda x: image(state, x), lambda i: pixels[i], len(pixels),
+                           width=model.config.projection_dim, batch_size=batch_size)
+
+
 # ---- a checkpoint folder --------------------------------------------------------------------
 class FolderEncoder:
   """Texts (BERT/SBERT or CLIP) or images (CLIP) -> float32 embeddings, for one folder."""

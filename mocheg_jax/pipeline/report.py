@@ -44,8 +44,8 @@ RUNS = {"text": (os.path.join("runs", "text.run"), "SBERT + rerank"),
 CONFUSION_SYSTEM = "Stance (text+image)"  # The Table 4 row whose confusion is plotted.
 # The folders the main job trains into (retrieval/, verification/ and explanation/stage.py);
 # one that is absent is listed as skipped, so a report shows which trainings did not run.
-STAGES = ("retrieval_text", "rerank", "retrieval_image", "verify_text_image", "verify_text",
-          "verify_image", "verify_none", "explain_classifier", "explain_nll",
+STAGES = ("retrieval_text", "rerank", "captions", "retrieval_image", "verify_text_image",
+          "verify_text", "verify_image", "verify_none", "explain_classifier", "explain_nll",
           "explain_reinforce")
 
 

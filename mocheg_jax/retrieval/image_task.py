@@ -16,8 +16,9 @@ averages the two, as CLIP's own pre-training does. With a fixed scale `logit_sca
 no gradient, and its path matches the optimizer's default no-decay regex, so it stays put.
 
 The model (`model.init`): a local HF CLIPModel folder (ViT-B/32 for the paper), whose
-tokenizer must be in the same folder; or "random": a small CLIP on the world's own
-WordPiece vocabulary. That text tower pools the first [SEP] (the last token the tokenizer
+tokenizer must be in the same folder; a CLIP training workdir (its best checkpoint and its
+tokenizer: caption pre-training, caption_task.py, for the synthetic worlds); or "random": a
+small CLIP on the world's own WordPiece vocabulary. That text tower pools the first [SEP] (the last token the tokenizer
 adds), so `eos_token_id` is the tokenizer's [SEP] id and padding uses its [PAD] id.
 
 Freezing. `model.freeze_text_layers = n` freezes the text tower's embeddings (token and
@@ -66,6 +67,7 @@ from mocheg_jax.train.task import Evaluator, Task
 
 DEV_SPLIT = "val"
 RANDOM = "random"
+CHECKPOINT_DIR = "checkpoints"  # A training workdir (mocheg_jax.train.loop.CHECKPOINT_DIR).
 
 # Parameters below block 0 of each tower: they are frozen with the lowest block.
 _TEXT_STEM = ("token_embedding", "position_embedding")
@@ -163,8 +165,10 @@ def clip_source(m: ml_collections.ConfigDict, r: ml_collections.ConfigDict,
   folder = os.fspath(m.init)
   if not os.path.isdir(folder):
     what = "is not a folder" if os.path.exists(folder) else "does not exist"
-    raise MochegInputError(f"config.model.init {folder!r} {what} (expected 'random' or a "
-                           "local HF CLIPModel folder)")
+    raise MochegInputError(f"config.model.init {folder!r} {what} (expected 'random', a "
+                           "CLIP training workdir or a local HF CLIPModel folder)")
+  if os.path.isdir(os.path.join(folder, CHECKPOINT_DIR)):
+    return _workdir_source(folder, r)
   config = clip.CLIPConfig.from_hf(hf_convert.read_config(folder),
                                    source=os.path.join(folder, "config.json"))
   _check_pooling_token(load_tokenizer(folder), config.text, folder)
@@ -172,12 +176,27 @@ def clip_source(m: ml_collections.ConfigDict, r: ml_collections.ConfigDict,
   def weights() -> dict:
     from mocheg_jax.models.hf import clip as hf_clip  # Read only on a fresh start.
     model = hf_clip.load(folder, param_dtype=param_dtype)
-    values = nnx.state(model, nnx.Param).to_pure_dict()
-    if not r.learnable_scale:  # The saved model then says which scale the loss used.
-      values["logit_scale"] = jnp.log(jnp.asarray(r.scale, jnp.float32))
-    return values
+    return _with_scale(nnx.state(model, nnx.Param).to_pure_dict(), r)
 
   return ClipSource(config, folder, weights)
+
+
+def _with_scale(values: dict, r: ml_collections.ConfigDict) -> dict:
+  if not r.learnable_scale:  # The saved model then says which scale the loss used.
+    values["logit_scale"] = jnp.log(jnp.asarray(r.scale, jnp.float32))
+  return values
+
+
+def _workdir_source(workdir: str, r: ml_collections.ConfigDict) -> ClipSource:
+  """The best CLIP of a training workdir (caption pre-training, or an image retriever) and
+  the tokenizer it was trained with."""
+  from mocheg_jax.train.restore import load_trained  # restore imports the task modules.
+  trained = load_trained(workdir, "best")
+  if not isinstance(trained.model, clip.CLIPModel):
+    raise MochegInputError(f"config.model.init {workdir}: its task ({trained.config.task}) "
+                           "does not train a CLIP")
+  return ClipSource(trained.model.config, trained.task.inference.tokenizer_dir, lambda: (
+      _with_scale(nnx.state(trained.model, nnx.Param).to_pure_dict(), r)))
 
 
 def freeze_pattern(text_layers: int, vision_layers: int, config: clip.CLIPConfig) -> str:
@@ -242,6 +261,28 @@ def logit_scale(model: clip.CLIPModel) -> jax.Array:
                              contrastive.MAX_LOG_SCALE))
 
 
+# The batch layout of the task (and of caption pre-training, caption_task.py).
+BATCH_AXES = {"query_ids": ("batch", "length"), "query_mask": ("batch", "length"),
+              "image": ("batch", None, None, None), "claim_id": ("batch",)}
+
+
+def clip_loss(r: ml_collections.ConfigDict) -> Callable:
+  """`loss(model, batch)`: `retrieval_loss` of a batch in BATCH_AXES' layout, with the scale
+  and directions of `config.retrieval` (r)."""
+  learnable, fixed, symmetric = bool(r.learnable_scale), float(r.scale), bool(r.symmetric)
+  if not fixed > 0:
+    raise ValueError(f"config.retrieval.scale must be positive, got {r.scale!r}")
+
+  def loss(model: clip.CLIPModel, batch: dict[str, Any]):
+    text = model.encode_text(batch["query_ids"], batch["query_mask"])  # [B, P]
+    images = model.encode_image(batch["image"])  # [B, P]
+    scale = logit_scale(model) if learnable else jnp.asarray(fixed, jnp.float32)
+    value, accuracy = retrieval_loss(text, images, batch["claim_id"], scale, symmetric)
+    return value, {"batch_accuracy": accuracy, "scale": scale}
+
+  return loss
+
+
 # ---- the task -------------------------------------------------------------------------------
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   data = prepared_data(config, workdir)
@@ -255,20 +296,10 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   if max_query_len < 2:
     raise ValueError(f"config.retrieval.max_query_len must be at least 2, got "
                      f"{r.max_query_len}")
-  learnable, fixed, symmetric = bool(r.learnable_scale), float(r.scale), bool(r.symmetric)
-  if not fixed > 0:
-    raise ValueError(f"config.retrieval.scale must be positive, got {r.scale!r}")
 
   def model() -> clip.CLIPModel:
     return clip.CLIPModel(source.config, dtype=dtype, param_dtype=param_dtype,
                           rngs=nnx.Rngs(config.seed))
-
-  def loss(model: clip.CLIPModel, batch: dict[str, Any]):
-    text = model.encode_text(batch["query_ids"], batch["query_mask"])  # [B, P]
-    images = model.encode_image(batch["image"])  # [B, P]
-    scale = logit_scale(model) if learnable else jnp.asarray(fixed, jnp.float32)
-    value, accuracy = retrieval_loss(text, images, batch["claim_id"], scale, symmetric)
-    return value, {"batch_accuracy": accuracy, "scale": scale}
 
   def train_data(local_batch: int):
     loader = pipelines.LoaderConfig(batch_size=local_batch, seed=config.seed,
@@ -279,10 +310,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     return iter(pipeline.dataset)
 
   encoders = ImageEncoders(source.tokenizer_dir, max_query_len, r.eval_batch_size)
-  return Task(model=model, loss=loss,
-              batch_axes={"query_ids": ("batch", "length"), "query_mask": ("batch", "length"),
-                          "image": ("batch", None, None, None), "claim_id": ("batch",)},
-              train_data=train_data,
+  return Task(model=model, loss=clip_loss(r), batch_axes=BATCH_AXES, train_data=train_data,
               evaluators=(Evaluator("dev", dev_evaluator(
                   data.release, encoders, r.eval_max_corpus, config.seed)),),
               initial_params=source.weights,

@@ -1,7 +1,7 @@
 """The retrieval stage of the main job: train, index, search, and print Table 3.
 
-Trains the text retriever, the cross-encoder reranker and the image retriever on the
-prepared world, indexes the KB with each, searches for the test claims, and scores them
+Trains the text retriever, the cross-encoder reranker and the image retriever (a random
+CLIP after caption pre-training, caption_task.py) on the prepared world, indexes the KB with each, searches for the test claims, and scores them
 beside a BM25 baseline and the zero-shot (not fine-tuned) text encoder. The text
 evidence in WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for
 the test claims and the dev claims) is the reranked run or the bi-encoder's, whichever did
@@ -18,9 +18,12 @@ import json
 import os
 from typing import Callable
 
+import ml_collections
+
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import bm25 as bm25_lib
+from mocheg_jax.retrieval import image_task
 from mocheg_jax.retrieval import system
 from mocheg_jax.retrieval import table3
 from mocheg_jax.retrieval import text_task
@@ -66,7 +69,14 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   rerank_config = stage_config("rerank")
   rerank_config.rerank.retriever = text_dir  # Hard negatives mined with our bi-encoder.
   rerank_dir = _train("rerank", rerank_config, workdir, log)
-  image_dir = _train("retrieval_image", stage_config("retrieval_image"), workdir, log)
+  image_config = stage_config("retrieval_image")
+  if image_config.model.init == image_task.RANDOM:
+    # A CLIP without pre-training first learns what pictures show from captions (the
+    # synthetic worlds' stand-in for CLIP's web pre-training; caption_task.py).
+    captions_config = stage_config("captions")
+    captions_config.model = ml_collections.ConfigDict(image_config.model.to_dict())
+    image_config.model.init = _train("captions", captions_config, workdir, log)
+  image_dir = _train("retrieval_image", image_config, workdir, log)
 
   def evaluate() -> dict:
     inputs = {"trained": [evaluations.trained(d) for d in (text_dir, rerank_dir, image_dir)],

@@ -12,6 +12,9 @@ image_mask  [Ni]          bool item presence (every patch of a present image is 
 text_match  [Nt, Lc]      float32, only with `token_match`: 1 where the claim token's id
                           occurs among the item's tokens (special tokens included)
 claim_ids   [Lc]          int32, only with `claim_ids`: the claim's token ids, -1 on padding
+image_score [Ni]          float32, only with `image_score`: cosine of CLIP's embeddings of
+                          the claim and each image (0 for absent images; the store must
+                          hold embeddings)
 label       int32         0 refuted, 1 supported, 2 NEI
 claim_id    int32         -1 on padding rows
 valid       bool          False on padding rows (evaluation's last batch)
@@ -82,7 +85,8 @@ class VerificationBatches:
                max_text_len: int = DEFAULT_MAX_TEXT_LEN,
                max_text_items: int = DEFAULT_MAX_TEXT_ITEMS,
                max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None,
-               token_match: bool = False, claim_ids: bool = False):
+               token_match: bool = False, claim_ids: bool = False,
+               image_score: bool = False):
     for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
                         ("max_text_items", max_text_items), ("max_images", max_images)):
       if value < 1:
@@ -91,7 +95,10 @@ class VerificationBatches:
     self.max_claim_len, self.max_text_len = max_claim_len, max_text_len
     self.max_text_items, self.max_images = max_text_items, max_images
     self.dtype = np.dtype(dtype or store.manifest.dtype)
-    self.token_match, self.claim_ids = token_match, claim_ids
+    self.token_match, self.claim_ids, self.image_score = token_match, claim_ids, image_score
+    if image_score and not store.manifest.embed_dim:
+      raise MochegInputError(f"{store.dir}: image_score needs a feature store with CLIP "
+                             "embeddings (build_store(embeddings=True))")
     self.claims = list(evidence)
     if not self.claims:
       raise MochegInputError("no claims to verify")
@@ -151,7 +158,7 @@ class VerificationBatches:
     text_mask = np.zeros((self.max_text_items, self.max_text_len), bool)
     if texts:
       text[:len(texts)], text_mask[:len(texts)] = self.store.text(texts, self.max_text_len)
-    ids = {}  # Token-id inputs, when asked for: the claim's ids are read once for both.
+    ids = {}  # Optional inputs, when asked for: the claim's ids are read once for both.
     if self.token_match or self.claim_ids:
       claim_ids = self.store.token_ids([e.claim], self.max_claim_len)[0]  # [Lc], -1 padding
       if self.token_match:
@@ -162,6 +169,8 @@ class VerificationBatches:
     image = np.zeros((self.max_images, m.patches, m.image_dim), self.dtype)
     if images:
       image[:len(images)] = self.store.image(images)
+    if self.image_score:
+      ids["image_score"] = self._image_score(e.claim, images)
     return {
         "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],
         "text": text, "text_mask": text_mask,
@@ -177,6 +186,14 @@ class VerificationBatches:
       item_ids = self.store.token_ids(texts, self.max_text_len)  # [n, Lt]
       hits = (claim_ids[None, :, None] == item_ids[:, None, :]).any(-1)
       out[:len(texts)] = hits & (claim_ids >= 0)[None]
+    return out
+
+  def _image_score(self, claim: str, images: Sequence[str]) -> np.ndarray:
+    """[Ni] float32: cosine of the claim's and each image's CLIP embedding; 0 on padding."""
+    out = np.zeros(self.max_images, np.float32)
+    if images:
+      claim_embed = self.store.text_embedding([claim])[0].astype(np.float32)
+      out[:len(images)] = self.store.image_embedding(images).astype(np.float32) @ claim_embed
     return out
 
   def padding_example(self) -> Example:

@@ -21,6 +21,9 @@ part-00000/               one part per build that had something new to encode
   text_ids.npy            int32 [total_tokens]: their token ids (exact-match features)
   image_keys.json         absolute image paths, in row order
   image_states.npy        [m, patches, image_dim]
+  text_embeds.npy         only with embed_dim > 0: [n, embed_dim] CLIP's text embedding of
+  image_embeds.npy        each text / image (projected, unit length; `build_store(
+                          embeddings=True)`), for claim-image similarities
 part-00001/ ...           (a later build's new keys)
 ```
 A part is written under a temporary name (`.tmp-part-*`), renamed into place when complete,
@@ -64,13 +67,13 @@ from mocheg_jax.models import encoding
 from mocheg_jax.utils import files, paths
 
 FORMAT = "mocheg-verification-features"
-VERSION = 2  # 2: parts hold text_ids.npy.
+VERSION = 3  # 2: parts hold text_ids.npy; 3: the manifest's embed_dim (CLIP embeddings).
 MANIFEST = "manifest.json"
 DTYPES = ("float16", "float32")
 _PART = re.compile(r"part-\d{5}")
 _TMP_PREFIX = ".tmp-part-"
 # Fields that must agree for a build to add to a store (the fingerprint too).
-_LAYOUT_FIELDS = ("dtype", "max_text_len", "text_dim", "image_dim", "patches")
+_LAYOUT_FIELDS = ("dtype", "max_text_len", "text_dim", "image_dim", "patches", "embed_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,7 @@ class StoreManifest:
   text_dim: int
   image_dim: int
   patches: int
+  embed_dim: int = 0  # CLIP's projection size when the parts hold embeddings, else 0.
   parts: tuple[dict[str, Any], ...] = ()  # {"name", "texts", "tokens", "images"} each
   format: str = FORMAT
   version: int = VERSION
@@ -256,10 +260,27 @@ def _clean(store_dir: str, listed: set[str]) -> None:
       shutil.rmtree(os.path.join(store_dir, name), ignore_errors=True)
 
 
+def _write_embeddings(tmp: str, model: clip.CLIPModel, clip_tokenizer, texts: list[str],
+                      paths: list[str], *, max_text_len: int, batch_size: int, dtype: str
+                      ) -> None:
+  """CLIP's unit-length text and image embeddings of a part's keys (one device: a second,
+  cheap pass; only the projected vectors are kept)."""
+  unit = lambda x: (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+                    ).astype(dtype)
+  width = model.config.projection_dim
+  length = min(max_text_len, model.config.text.max_position_embeddings)
+  np.save(os.path.join(tmp, "text_embeds.npy"), unit(
+      encoding.encode_clip_texts(model, clip_tokenizer, texts, batch_size=batch_size,
+                                 max_length=length) if texts else np.zeros((0, width))))
+  np.save(os.path.join(tmp, "image_embeds.npy"), unit(
+      encoding.encode_clip_images(model, paths, batch_size=batch_size) if paths
+      else np.zeros((0, width))))
+
+
 def _write_part(tmp: str, model: clip.CLIPModel, text_model: TextModel, tokenizer,
                 texts: list[str], paths: list[str], *, max_text_len: int, batch_size: int,
-                dtype: str, devices, image_blocks: int | None, patches: int
-                ) -> dict[str, int]:
+                dtype: str, devices, image_blocks: int | None, patches: int,
+                clip_tokenizer=None) -> dict[str, int]:
   os.makedirs(tmp)
   info = {"texts": len(texts), "tokens": 0, "images": len(paths)}
   if texts:
@@ -299,6 +320,9 @@ def _write_part(tmp: str, model: clip.CLIPModel, text_model: TextModel, tokenize
     images.flush()
     del images
   _write_json(os.path.join(tmp, "image_keys.json"), paths)
+  if clip_tokenizer is not None:
+    _write_embeddings(tmp, model, clip_tokenizer, texts, paths, max_text_len=max_text_len,
+                      batch_size=batch_size, dtype=dtype)
   return info
 
 
@@ -308,8 +332,8 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
                 dtype: str = "float16", devices: Sequence[jax.Device] | None = None,
                 log: Callable[[str], None] | None = None,
                 text_model: bert.SentenceEncoder | None = None,
-                image_blocks: int | None = None, moved: paths.Moved = None
-                ) -> StoreManifest:
+                image_blocks: int | None = None, moved: paths.Moved = None,
+                embeddings: bool = False, clip_tokenizer=None) -> StoreManifest:
   """Encodes the texts and images a store lacks and adds them as a new part.
 
   Args:
@@ -332,6 +356,10 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
       the class token and patches after the first k blocks ([1 + P, Dv] per image) for a
       model that trains the remaining blocks; put k in the fingerprint.
     moved: (old root, new root) when the store's folder was copied from the old root.
+    embeddings: also store CLIP's text and image embeddings (FeatureStore.text_embedding,
+      image_embedding); a store holds them in every part or in none.
+    clip_tokenizer: CLIP's tokenizer for the text embeddings; needed with `embeddings` and
+      a `text_model` (else `tokenizer` is CLIP's).
 
   Returns:
     The store's manifest after the build.
@@ -355,8 +383,16 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
     raise ValueError(f"image_blocks {image_blocks} must be in [0, "
                      f"{vision.num_hidden_layers}] (the vision tower's blocks)")
   patches = vision.num_patches + (image_blocks is not None)  # With the class token.
+  if embeddings:
+    clip_tokenizer = tokenizer if text_model is None else clip_tokenizer
+    if clip_tokenizer is None:
+      raise ValueError("embeddings with a separate text_model need CLIP's clip_tokenizer")
+    encoding.check_clip_tokenizer(clip_model, clip_tokenizer, "clip_tokenizer")
+  else:
+    clip_tokenizer = None
   wanted = StoreManifest(_canonical(fingerprint), dtype, int(max_text_len),
-                         text_width(text_encoder), vision.hidden_size, patches)
+                         text_width(text_encoder), vision.hidden_size, patches,
+                         clip_model.config.projection_dim if embeddings else 0)
   os.makedirs(store_dir, exist_ok=True)
   manifest = _read_manifest(store_dir)
   have_texts: set[str] = set()
@@ -393,7 +429,8 @@ def build_store(out_dir: str | os.PathLike, clip_model: clip.CLIPModel, tokenize
   tmp = os.path.join(store_dir, f"{_TMP_PREFIX}{name}")
   info = _write_part(tmp, clip_model, text_encoder, tokenizer, new_texts, new_paths,
                      max_text_len=max_text_len, batch_size=batch_size, dtype=dtype,
-                     devices=devices, image_blocks=image_blocks, patches=patches)
+                     devices=devices, image_blocks=image_blocks, patches=patches,
+                     clip_tokenizer=clip_tokenizer)
   _write_json(os.path.join(tmp, "part.json"), info)
   os.replace(tmp, os.path.join(store_dir, name))
   manifest = dataclasses.replace(manifest, parts=(*manifest.parts, dict(name=name, **info)))
@@ -438,6 +475,9 @@ class FeatureStore:
         self._map(p, "text_ids")
       if part["images"]:
         self._map(p, "image_states")
+      if manifest.embed_dim:
+        self._map(p, "text_embeds")
+        self._map(p, "image_embeds")
 
   def __getstate__(self):
     return dict(self.__dict__, _maps={})
@@ -453,7 +493,9 @@ class FeatureStore:
         raise MochegInputError(f"{path}: cannot read ({e})") from None
       shape, dtype = {"text_states": ((part["tokens"], m.text_dim), m.dtype),
                       "text_ids": ((part["tokens"],), "int32"),
-                      "image_states": ((part["images"], m.patches, m.image_dim), m.dtype)}[name]
+                      "image_states": ((part["images"], m.patches, m.image_dim), m.dtype),
+                      "text_embeds": ((part["texts"], m.embed_dim), m.dtype),
+                      "image_embeds": ((part["images"], m.embed_dim), m.dtype)}[name]
       if array.shape != shape or array.dtype != np.dtype(dtype):
         raise MochegInputError(f"{path}: {array.dtype}{list(array.shape)}, the manifest says "
                                f"{dtype}{list(shape)}")
@@ -474,12 +516,15 @@ class FeatureStore:
   def has_image(self, path: str | os.PathLike) -> bool:
     return os.path.abspath(os.fspath(path)) in self._images
 
-  def _where_text(self, key: str) -> tuple[int, int, int]:
+  def _text_row(self, key: str) -> tuple[int, int]:
     try:
-      p, i = self._texts[key]
+      return self._texts[key]
     except KeyError:
       raise MochegInputError(f"{self.dir}: text not in the feature store: {key[:80]!r}; build "
                              "the store with every claim and text item") from None
+
+  def _where_text(self, key: str) -> tuple[int, int, int]:
+    p, i = self._text_row(key)
     offsets = self._offsets[p]
     return p, int(offsets[i]), int(offsets[i + 1])
 
@@ -519,17 +564,43 @@ class FeatureStore:
       out[row, :n] = self._map(p, "text_ids")[start:start + n]
     return out
 
+  def _where_image(self, path: str | os.PathLike) -> tuple[int, int]:
+    key = os.path.abspath(os.fspath(path))
+    try:
+      return self._images[key]
+    except KeyError:
+      raise MochegInputError(f"{self.dir}: image not in the feature store: {key!r}") from None
+
   def image(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
     """Patch states [n, patches, image_dim] of image files given to `build_store`."""
     out = np.zeros((len(paths), self.manifest.patches, self.manifest.image_dim),
                    self.manifest.dtype)
     for row, path in enumerate(paths):
-      key = os.path.abspath(os.fspath(path))
-      try:
-        p, i = self._images[key]
-      except KeyError:
-        raise MochegInputError(f"{self.dir}: image not in the feature store: {key!r}") from None
+      p, i = self._where_image(path)
       out[row] = self._map(p, "image_states")[i]
+    return out
+
+  def _embeddings(self) -> None:
+    if not self.manifest.embed_dim:
+      raise MochegInputError(f"{self.dir}: the feature store holds no CLIP embeddings; "
+                             "build it with embeddings=True")
+
+  def text_embedding(self, keys: Sequence[str]) -> np.ndarray:
+    """CLIP's unit text embeddings [n, embed_dim] (a store built with embeddings)."""
+    self._embeddings()
+    out = np.zeros((len(keys), self.manifest.embed_dim), self.manifest.dtype)
+    for row, key in enumerate(keys):
+      p, i = self._text_row(key)
+      out[row] = self._map(p, "text_embeds")[i]
+    return out
+
+  def image_embedding(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
+    """CLIP's unit image embeddings [n, embed_dim] (a store built with embeddings)."""
+    self._embeddings()
+    out = np.zeros((len(paths), self.manifest.embed_dim), self.manifest.dtype)
+    for row, path in enumerate(paths):
+      p, i = self._where_image(path)
+      out[row] = self._map(p, "image_embeds")[i]
     return out
 
 

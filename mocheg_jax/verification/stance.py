@@ -60,8 +60,9 @@ items; one set of shapes per jit):
   to 0, as the reference.
 * Beyond the paper, off by default: `text_attention="cosine"` (no learned projections),
   `token_match` (exact token-id matches of the claim's tokens in the evidence, an input of
-  their own layer), `item_pool="max"` (items max-pooled instead of averaged) and
-  `image_query="words"` (images queried by learned embeddings of the claim's token ids).
+  their own layer), `item_pool="max"` (items max-pooled instead of averaged),
+  `image_query="words"` (images queried by learned embeddings of the claim's token ids)
+  and `image_score` (CLIP's claim-image cosine read per image item).
 
 Logical axes: only the shared names ("embed", "mlp", "heads", "kv", "classes", "batch",
 "length"); the item axis is folded into "batch" inside the module.
@@ -90,6 +91,7 @@ IMAGE_READ_MODES = ("attention", "pairs", "match")
 ITEM_POOLS = ("mean", "max")
 IMAGE_QUERIES = ("states", "words")
 COSINE_INITIAL_SCALE = 10.0
+SCORE_SCALE = 10.0  # image_score's cosines times this reach the score layer.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +137,13 @@ class StanceConfig:
   match_heads: int = 8
   match_pool: str = "patches"  # "match" only: "patches", "image" or "flat" (MatchRead).
   patches: int = 0  # Patches per image; needed by match_pool="flat".
+  # Beyond the paper: each image item also reads `image_score`, the cosine of CLIP's
+  # embeddings of the claim and the image, through its own layer (`score_fuse`) added to
+  # the item's vector. A CLIP that knows what pictures show (the paper's; on the synthetic
+  # worlds, caption pre-training) scores a picture of the claimed value above one of another
+  # value; the cross-attention from the claim's tokens has to learn that pairing from the
+  # few hundred training claims that need it, and does not.
+  image_score: bool = False
   leaky_relu_slope: float = LEAKY_RELU_SLOPE
 
   def __post_init__(self):
@@ -160,6 +169,8 @@ class StanceConfig:
     if self.image_query not in IMAGE_QUERIES:
       raise ValueError(f"unknown image_query {self.image_query!r}; expected one of "
                        f"{IMAGE_QUERIES}")
+    if self.image_score and not self.use_image:
+      raise ValueError("StanceConfig.image_score needs use_image")
     if self.image_query == "words" and not self.use_image:
       raise ValueError("StanceConfig.image_query='words' needs use_image")
     if self.item_pool not in ITEM_POOLS:
@@ -236,6 +247,8 @@ class StanceDetector(nnx.Module):
         if config.image_query == "words" else None)
     self.match_fuse = (layers.Dense(3 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                        if config.token_match else None)
+    self.score_fuse = (layers.Dense(1, config.hidden, (None, "mlp"), **kw)
+                       if config.image_score else None)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
                                    ("mlp", "classes"), **kw)
     self.classifier_single = (
@@ -283,13 +296,15 @@ class StanceDetector(nnx.Module):
   def _stance(self, attn: layers.Attention | None, claim: jax.Array, claim_mask: jax.Array,
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
               deterministic: bool, read: nnx.Module | None = None,
-              match: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+              match: jax.Array | None = None, score: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array]:
     """One modality's stance vector [B, hidden] and whether it has any item [B].
 
     claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
     bool, present [B, N] bool. attn None: the cosine alignment (text only); `read` (an
     image_reads module): that read instead of attention + fusion; `match` [B, N, Lc]: the
-    token-match bits (text only, with config.token_match).
+    token-match bits (text only, with config.token_match); `score` [B, N]: the claim-item
+    CLIP cosines (images only, with config.image_score).
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
@@ -313,6 +328,9 @@ class StanceDetector(nnx.Module):
       # Max over the real claim tokens (the reference fills padding with -10000).
       h = jnp.where(claim_mask[:, None, :, None], h, jnp.finfo(h.dtype).min)
       h = h.max(axis=2)  # [B, N, hidden]
+    if score is not None:  # Scaled as CLIP's logits, so the unit-scale layer sees ~[-10, 10].
+      s = (SCORE_SCALE * score.astype(h.dtype))[..., None]
+      h = h + jax.nn.leaky_relu(self.score_fuse(s), self.config.leaky_relu_slope)
     h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0).astype(jnp.float32)
     # Mean or max over the present items; 0 when there are none.
     count = present.sum(-1)  # [B]
@@ -327,7 +345,8 @@ class StanceDetector(nnx.Module):
   def __call__(self, claim: jax.Array, claim_mask: jax.Array,
                text: jax.Array | None = None, text_mask: jax.Array | None = None,
                image: jax.Array | None = None, image_mask: jax.Array | None = None,
-               text_match: jax.Array | None = None, claim_ids: jax.Array | None = None, *,
+               text_match: jax.Array | None = None, claim_ids: jax.Array | None = None,
+               image_score: jax.Array | None = None, *,
                deterministic: bool = True) -> jax.Array:
     """Logits [B, num_classes] (float32).
 
@@ -340,6 +359,8 @@ class StanceDetector(nnx.Module):
       text_match: [B, Nt, Lc] 0/1, whether claim token q's id occurs in text item n. Needed
         iff token_match.
       claim_ids: [B, Lc] int, the claim's token ids. Needed iff image_query="words".
+      image_score: [B, Ni] float, the cosine of CLIP's claim and image embeddings. Needed
+        iff config.image_score.
       deterministic: False turns dropout on (needs a "dropout" rng stream).
     """
     cfg = self.config
@@ -364,6 +385,10 @@ class StanceDetector(nnx.Module):
       if claim_ids is None:
         raise ValueError("image_query='words' needs claim_ids")
       _check("claim_ids", claim_ids, 2, lead=claim.shape[:2])
+    if cfg.image_score:
+      if image_score is None:
+        raise ValueError("image_score=True needs image_score")
+      _check("image_score", image_score, 2, lead=image.shape[:2])
     claim_mask = claim_mask.astype(bool)
     stances, presents = [], []
     if cfg.use_text:
@@ -383,7 +408,8 @@ class StanceDetector(nnx.Module):
       if self.word_embedding is not None:
         query = self.word_embedding(jnp.maximum(claim_ids, 0) % cfg.word_buckets)
       s, p = self._stance(self.image_attention, query, claim_mask, image, keys, present,
-                          deterministic, read=self.image_read)
+                          deterministic, read=self.image_read,
+                          score=image_score if cfg.image_score else None)
       stances.append(s)
       presents.append(p)
 

@@ -76,6 +76,9 @@ def verify_config() -> ml_collections.ConfigDict:
   v.token_match = False  # Exact token-id matches as a text feature (stance.StanceConfig).
   v.item_pool = "mean"  # or "max": how items are pooled (stance.StanceConfig.item_pool).
   v.image_query = "states"  # or "words" (stance.StanceConfig.image_query).
+  # Beyond the paper: each image also gives the model CLIP's claim-image cosine
+  # (stance.StanceConfig.image_score); the store then keeps CLIP's embeddings.
+  v.image_score = False
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -151,6 +154,8 @@ def clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int
   out = _clip_fingerprint(v, wordpiece_dir, seed)
   if v.tune_vision_layers:  # The store holds the tokens entering the tuned blocks.
     out["tune_vision_layers"] = int(v.tune_vision_layers)
+  if v.image_score:  # The store holds CLIP's embeddings too.
+    out["embeddings"] = True
   kind = _text_encoder_kind(v.text_encoder)
   if kind != CLIP_TEXT:
     folder = os.path.abspath(v.text_encoder)
@@ -215,16 +220,17 @@ def load_clip_only(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int,
 
 
 # ---- the model and its inputs ---------------------------------------------------------------
-def _extra_inputs(v: ml_collections.ConfigDict) -> tuple[bool, bool]:
-  """Whether the model reads token-match bits and the claim's token ids (options that need
-  the modality they belong to)."""
+def _extra_inputs(v: ml_collections.ConfigDict) -> tuple[bool, bool, bool]:
+  """Whether the model reads token-match bits, the claim's token ids and claim-image scores
+  (options that need the modality they belong to)."""
   return (bool(v.use_text and v.token_match),
-          bool(v.use_image and v.image_query == "words"))
+          bool(v.use_image and v.image_query == "words"),
+          bool(v.use_image and v.image_score))
 
 
 def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                   ) -> stance.StanceConfig:
-  token_match, word_queries = _extra_inputs(v)
+  token_match, word_queries, image_score = _extra_inputs(v)
   return stance.StanceConfig(text_dim=manifest.text_dim, image_dim=manifest.image_dim,
                              hidden=v.hidden, heads=v.heads, dropout=v.dropout,
                              use_text=v.use_text, use_image=v.use_image,
@@ -234,7 +240,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              image_query="words" if word_queries else "states",
                              image_read=v.image_read,
                              pair_dim=v.pair_dim, match_heads=v.match_heads,
-                             match_pool=v.match_pool, patches=manifest.patches)
+                             match_pool=v.match_pool, patches=manifest.patches,
+                             image_score=image_score)
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
@@ -267,7 +274,7 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
   """The batch fields the model reads (only those travel to the devices)."""
   axes = {"claim": ("batch", None, None), "claim_mask": ("batch", None),
           "label": ("batch",), "valid": ("batch",)}
-  token_match, word_queries = _extra_inputs(v)
+  token_match, word_queries, image_score = _extra_inputs(v)
   if v.use_text:
     axes.update(text=("batch", None, None, None), text_mask=("batch", None, None))
   if token_match:
@@ -276,6 +283,8 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
     axes.update(claim_ids=("batch", None))
   if v.use_image:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
+  if image_score:
+    axes.update(image_score=("batch", None))
   return axes
 
 
@@ -284,7 +293,8 @@ def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True) -> ja
   return model(batch["claim"], batch["claim_mask"], text=batch.get("text"),
                text_mask=batch.get("text_mask"), image=batch.get("image"),
                image_mask=batch.get("image_mask"), text_match=batch.get("text_match"),
-               claim_ids=batch.get("claim_ids"), deterministic=deterministic)
+               claim_ids=batch.get("claim_ids"), image_score=batch.get("image_score"),
+               deterministic=deterministic)
 
 
 # ---- evidence, store and prediction ---------------------------------------------------------
@@ -332,7 +342,8 @@ class Verifier:
                              max_text_len=v.max_text_len, batch_size=v.encode_batch_size,
                              dtype=v.feature_dtype, text_model=frozen.text_model,
                              image_blocks=image_blocks(v, frozen.model.config.vision),
-                             moved=self.moved)
+                             moved=self.moved, embeddings=bool(v.image_score),
+                             clip_tokenizer=frozen.tokenizer)
 
       distributed.primary_only("verification-feature-store", build)  # The others wait.
       store = features.open_store(self.features_dir, expect_fingerprint=self.fingerprint,
@@ -342,11 +353,11 @@ class Verifier:
 
   def batches(self, claims: Sequence[evidence_lib.ClaimEvidence]) -> VerificationBatches:
     v = self.config.verify
-    token_match, word_queries = _extra_inputs(v)
+    token_match, word_queries, image_score = _extra_inputs(v)
     return VerificationBatches(claims, self.store(claims), max_claim_len=v.max_claim_len,
                                max_text_len=v.max_text_len, max_text_items=v.max_text_items,
                                max_images=v.max_images, token_match=token_match,
-                               claim_ids=word_queries)
+                               claim_ids=word_queries, image_score=image_score)
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
     return split_evidence(self.release, split, source, self.config.verify)
