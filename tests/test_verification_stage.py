@@ -43,3 +43,40 @@ def test_the_system_labels_come_from_the_better_verifier_on_dev_system_evidence(
   assert set(choice["dev"]) == {"text+image", "text"}
   assert max(choice["dev"].values()) == choice["dev"][mode]
   assert asked == [("val", "results.csv")] * 2  # Dev claims, system evidence.
+
+
+class _SavedConfig:
+  """A stand-in for a read-only Checkpointer holding one config."""
+
+  def __init__(self, config):
+    self.config = config
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+  def restore_config(self, step):
+    assert step == 7
+    return self.config
+
+
+@pytest.mark.parametrize("init, want", [
+    ("/models/clip-vit-base-patch32", "/models/clip-vit-base-patch32"),  # The paper's.
+    ("WORK/stages/captions", "WORK/stages/captions"),  # Caption pre-training.
+    ("random", "WORK/stages/retrieval_image"),  # Nothing pretrained: the retriever.
+])
+def test_verifiers_read_the_clip_the_image_retriever_started_from(monkeypatch, tmp_path, init,
+                                                                  want):
+  work = str(tmp_path)
+  init, want = init.replace("WORK", work), want.replace("WORK", work)
+  asked = []
+
+  def checkpoint_step(workdir, which):
+    asked.append((workdir, which))
+    return _SavedConfig({"model": {"init": init}}), 7
+
+  monkeypatch.setattr(verification_stage, "checkpoint_step", checkpoint_step)
+  assert verification_stage.frozen_clip(work) == want
+  assert asked == [(f"{work}/stages/retrieval_image", "latest")]

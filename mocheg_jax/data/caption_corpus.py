@@ -31,7 +31,7 @@ _MIN_PAIRS_FOR_WORKERS = 2000
 
 
 def folder_name(seed: int, count: int, image_size: int) -> str:
-  return f"captions-seed{seed}-n{count}-{image_size}px"
+  return f"captions-v{captions.VERSION}-seed{seed}-n{count}-{image_size}px"
 
 
 def picture(job: render.ImageJob, size: int) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The verification stage of the main job: train the stance models, print Table 4.
 
 Trains one verifier per evidence mode (text + image, text, image, none) on gold evidence,
-with the main job's trained image retriever as the frozen CLIP, and scores each on the test
-split with gold evidence and with the retrieval stage's system evidence
+reading frozen the CLIP the image retriever started from (`frozen_clip`), and scores each
+on the test split with gold evidence and with the retrieval stage's system evidence
 (WORKDIR/runs/retrieval_results.csv), beside the majority and average-similarity baselines.
 The test predictions on system evidence of the text + image verifier, or of the text-only
 one when it did better on the dev claims' system evidence (`choose_system_verifier`), are
@@ -28,8 +28,9 @@ from mocheg_jax.data.synthetic import knowledge, scales
 from mocheg_jax.metrics.classification import classification_report
 from mocheg_jax.models import encoding
 from mocheg_jax.parallel import distributed
+from mocheg_jax.retrieval import image_task
 from mocheg_jax.train import evaluations, loop
-from mocheg_jax.train.restore import load_trained
+from mocheg_jax.train.restore import checkpoint_step, load_trained
 from mocheg_jax.utils import configs, paths
 from mocheg_jax.verification import baselines
 from mocheg_jax.verification import features
@@ -126,13 +127,30 @@ def _average_similarity(frozen: verify_task.FrozenClip, claims: list[ClaimEviden
   return baselines.average_similarity_scores(claim_emb, evidence, mask)
 
 
+def frozen_clip(workdir: str) -> str:
+  """The CLIP the verifiers read frozen: the one the main job's image retriever started from
+  (a local HF folder: the reference's pretrained ViT-B/32; or, on the synthetic worlds, the
+  caption pre-training workdir), or the trained retriever itself when it started from
+  random weights (better than a random CLIP).
+
+  The reference's stance detector reads the pretrained CLIP, not the retriever fine-tuned on
+  claims, and so do we: the fine-tuning (claims against their proof images, mostly signs)
+  wears off what the pre-training taught about colours and counts.
+  """
+  retriever = os.path.join(workdir, "stages", "retrieval_image")
+  checkpoints, step = checkpoint_step(retriever, "latest")
+  with checkpoints:
+    start = paths.relocate(checkpoints.restore_config(step), None)["model"]["init"]
+  return retriever if start == image_task.RANDOM else start
+
+
 def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = print, *,
         release: str = "", overrides: configs.Overrides | None = None) -> dict:
   """Runs the stage on `release` (default: the synthetic world in WORKDIR/release) with
   configs/verify.py:SCALE and `overrides`; returns {"rows": Table 4 rows, "table":
   markdown}."""
   release_dir = configs.release_dir(workdir, release)
-  clip_dir = os.path.join(workdir, "stages", "retrieval_image")
+  clip_dir = frozen_clip(workdir)
   system_csv = os.path.join(workdir, "runs", "retrieval_results.csv")
   # Only a synthetic world knows which claims state image-only facts.
   image_facts = set() if release else image_fact_claims(scale, seed)
@@ -146,7 +164,9 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   def evaluate() -> dict:
     inputs = {"trained": {n: evaluations.trained(d) for n, d in stage_dirs.items()},
-              "clip": evaluations.trained(clip_dir),
+              "clip": (evaluations.trained(clip_dir) if os.path.isdir(
+                  os.path.join(clip_dir, loop.CHECKPOINT_DIR)) else evaluations.folder_sizes(
+                      clip_dir)),  # A training workdir, or a local HF CLIP folder.
               "system_evidence": evaluations.file(system_csv),
               "release": release_dir, "release_files": evaluations.folder_sizes(release_dir),
               "image_facts": sorted(image_facts), "seed": seed, "split": SPLIT,

@@ -10,6 +10,11 @@ sentence naming what it shows ("the flag of Ambelby is mostly pink").
 The pairs are drawn fresh from the renderer, never from a world's claims or splits: entity
 names are made up the way the world makes them, values are drawn from the attribute's value
 kind. Charts are left out: their year labels are unreadable at the small CLIP's 64 pixels.
+A caption is worded as the world words the fact (the attribute's "seen" phrase, or the
+entity followed by one of its claim phrases), sometimes placed ("in the Kess valley") and
+framed as a photo caption: web alt-text is just as varied, and a text tower that saw one
+wording only did not carry what it learned over to claims (held-out value accuracy 0.98 on
+its own wording; claim-image AUC supported vs refuted 0.64 on the small world's test claims).
 
 Pair `i` of corpus `seed` is a pure function of (seed, i), so any range of it can be drawn
 by any process, in any order, and a held-out range is disjoint by construction.
@@ -25,11 +30,15 @@ from mocheg_jax.data.synthetic import values as values_lib
 from mocheg_jax.data.synthetic.attributes import ATTRIBUTES, Attribute
 from mocheg_jax.data.synthetic.rng import derive_seed
 
+VERSION = 2  # Of the pairs drawn for a (seed, index): 2 varies the wording. Corpus folders name it.
 # Pictures whose facts a 64-pixel CLIP can see (a chart's answer is a printed year).
 CAPTIONED: tuple[Attribute, ...] = tuple(
     a for a in ATTRIBUTES.values() if a.visual and a.render != "chart")
 # Share of pictures with the entity's name printed under them, as in the world.
 _NAME_PRINTED = 0.3
+_PLACED = 0.3  # Share of captions that say where the entity is.
+_FRAMES = ("{c}", "{c}", "{c}", "Photo: {c}.", "{c}, as seen in this picture.",
+           "This picture shows that {c}.", "{c} (file photo).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,32 +61,52 @@ def _entity_name(rng: random.Random, kind: str) -> str:
   return lexicon.person_name(rng, surname=base)
 
 
-def describe(attribute: Attribute, name: str, value: values_lib.Value) -> str:
-  """The sentence naming what a picture of `attribute` with `value` shows."""
-  return attribute.seen.format(E=name, v=value.text, av=values_lib.with_article(value.text))
+@dataclasses.dataclass(frozen=True)
+class _Wording:
+  """How one caption words its fact; the value is filled in by `describe`."""
+  attribute: Attribute
+  name: str
+  phrase: str  # "seen" or one of the attribute's claim phrases, with {E}, {v} / {av}.
+  place: str  # "" or ", a town in the Kess valley,".
+  frame: str  # "{c}" or a photo-caption frame around the sentence.
 
 
-def _draw(seed: int, index: int) -> tuple[random.Random, Attribute, str, values_lib.Value]:
+def describe(wording: _Wording, value: values_lib.Value) -> str:
+  """The sentence naming what a picture of the wording's attribute with `value` shows."""
+  entity = wording.name + wording.place
+  sentence = wording.phrase.format(E=entity, v=value.text,
+                                   av=values_lib.with_article(value.text))
+  if not wording.frame.startswith("This"):  # The sentence starts the caption or follows "Photo:".
+    sentence = sentence[:1].upper() + sentence[1:]
+  return wording.frame.format(c=sentence)
+
+
+def _draw(seed: int, index: int) -> tuple[random.Random, _Wording, values_lib.Value]:
   rng = random.Random(derive_seed("captions", seed, index))
   attribute = rng.choice(CAPTIONED)
   name = _entity_name(rng, attribute.kind)
-  return rng, attribute, name, values_lib.sample(rng, attribute.values)
+  phrase = rng.choice((attribute.seen, *("{E} " + c for c in attribute.claim)))
+  placed = attribute.kind != "person" and phrase != attribute.seen and rng.random() < _PLACED
+  place = f", a {attribute.kind} in {lexicon.region_name(rng)}," if placed else ""
+  wording = _Wording(attribute, name, phrase, place, rng.choice(_FRAMES))
+  return rng, wording, values_lib.sample(rng, attribute.values)
 
 
 def caption_pair(seed: int, index: int) -> CaptionPair:
   """Pair `index` of the corpus drawn with `seed`."""
-  rng, attribute, name, value = _draw(seed, index)
-  printed = name if rng.random() < _NAME_PRINTED else ""
+  rng, wording, value = _draw(seed, index)
+  printed = wording.name if rng.random() < _NAME_PRINTED else ""
+  attribute = wording.attribute
   job = render.ImageJob((), attribute.render, (value.data, printed), rng.getrandbits(63))
-  return CaptionPair(describe(attribute, name, value), job, attribute.key, value.text)
+  return CaptionPair(describe(wording, value), job, attribute.key, value.text)
 
 
 def alternatives(seed: int, index: int, count: int) -> list[str]:
   """Pair `index`'s caption with `count` other values of its attribute in its place: the
   held-out check of whether a model reads the value off the picture (first is the true one).
   """
-  pair = caption_pair(seed, index)
-  rng, attribute, name, value = _draw(seed, index)
+  _, wording, value = _draw(seed, index)
+  attribute = wording.attribute
   rng = random.Random(derive_seed("captions/alternatives", seed, index))
   others: list[values_lib.Value] = []
   for _ in range(100 * count):
@@ -88,4 +117,4 @@ def alternatives(seed: int, index: int, count: int) -> list[str]:
       others.append(other)
   if len(others) < count:
     raise ValueError(f"{attribute.key} has fewer than {count} values besides {value.text!r}")
-  return [pair.caption] + [describe(attribute, name, o) for o in others]
+  return [describe(wording, v) for v in (value, *others)]
