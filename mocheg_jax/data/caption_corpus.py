@@ -7,8 +7,9 @@ resumed run) reads them back:
 captions.json   the captions, in row order
 pixels.npy      uint8 [count, size, size, 3]: resized and centre-cropped as CLIP's image
                 processor does, not yet normalised (a quarter of float32's size)
-DONE            written last: a folder without it is redone
+.complete       written last (prepare.once): a folder without it is redone
 ```
+The small world's 20,000 pairs at 64 pixels take 236 MB.
 """
 
 from __future__ import annotations

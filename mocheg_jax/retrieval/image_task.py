@@ -18,8 +18,9 @@ no gradient, and its path matches the optimizer's default no-decay regex, so it 
 The model (`model.init`): a local HF CLIPModel folder (ViT-B/32 for the paper), whose
 tokenizer must be in the same folder; a CLIP training workdir (its best checkpoint and its
 tokenizer: caption pre-training, caption_task.py, for the synthetic worlds); or "random": a
-small CLIP on the world's own WordPiece vocabulary. That text tower pools the first [SEP] (the last token the tokenizer
-adds), so `eos_token_id` is the tokenizer's [SEP] id and padding uses its [PAD] id.
+small CLIP on the world's own WordPiece vocabulary. That text tower pools the first [SEP]
+(the last token the tokenizer adds), so `eos_token_id` is the tokenizer's [SEP] id and
+padding uses its [PAD] id.
 
 Freezing. `model.freeze_text_layers = n` freezes the text tower's embeddings (token and
 position) and its blocks 0..n-1; `model.freeze_vision_layers = n` the vision tower's

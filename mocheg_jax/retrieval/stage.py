@@ -1,9 +1,9 @@
 """The retrieval stage of the main job: train, index, search, and print Table 3.
 
 Trains the text retriever, the cross-encoder reranker and the image retriever (a random
-CLIP after caption pre-training, caption_task.py) on the prepared world, indexes the KB with each, searches for the test claims, and scores them
-beside a BM25 baseline and the zero-shot (not fine-tuned) text encoder. The text
-evidence in WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for
+CLIP after caption pre-training, caption_task.py) on the prepared world, indexes the KB
+with each, searches for the test claims, and scores them beside a BM25 baseline and the
+zero-shot (not fine-tuned) text encoder. The text evidence in WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for
 the test claims and the dev claims) is the reranked run or the bi-encoder's, whichever did
 better on dev (`choose_text_system`); runs/text.run is always the reranked test run.
 Everything lands under WORKDIR and is reused on a rerun: a finished training is not
