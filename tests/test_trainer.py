@@ -283,6 +283,26 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert ckpt.latest_step() == status["step"] >= 3
 
 
+def test_a_stop_signal_on_a_checkpoint_step_stops_with_that_checkpoint(tmp_path):
+  """SIGTERM arriving in the step that was just checkpointed: stopped, not an orbax error
+  for saving the step twice; the rerun resumes from it."""
+  config = toy_config(**{"mesh.data": 1, "total_steps": 8, "log_every": 4,
+                         "checkpoint_every": 4, "eval_every": 0})
+  workdir = str(tmp_path)
+
+  def log(line: str) -> None:
+    if line.startswith("step 4:"):
+      os.kill(os.getpid(), signal.SIGTERM)  # Lands in the loop's handler.
+
+  result = loop.train(config, workdir, devices=jax.devices()[:1], log=log)
+  assert (result.status, result.step, result.stop) == ("preempted", 4, "SIGTERM")
+  with Checkpointer(os.path.join(workdir, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    assert ckpt.all_steps() == [4]
+  lines = []
+  rerun = loop.train(config, workdir, devices=jax.devices()[:1], log=lines.append)
+  assert (rerun.status, rerun.step) == ("finished", 8)
+
+
 def test_bad_config_is_one_line_and_exit_1(tmp_path):
   done = subprocess.run(train_command(str(tmp_path), "--config.accum_steps=5"),
                         env=subprocess_env(), capture_output=True, text=True, timeout=120)

@@ -321,8 +321,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
               writer.write(step, results)
               last.update(results)
               say(f"eval {step}: " + " ".join(f"{k}={v:.4g}" for k, v in results.items()))
-          if final or step % config.checkpoint_every == 0 or (
-              results and config.best_metric):
+          saved = final or step % config.checkpoint_every == 0 or bool(
+              results and config.best_metric)
+          if saved:
             save(step, results)
           if results and stopping.update(results) and not final:
             checkpoints.wait()
@@ -332,7 +333,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
           stop = signals.received if processes == 1 else (
               "preemption" if checkpoints.reached_preemption(step) else None)
           if stop and not final:
-            save(step)
+            if not saved:  # A step saved above cannot be saved twice (orbax refuses).
+              save(step)
             checkpoints.wait()
             say(f"received {stop} at step {step}: checkpoint saved; rerun the same command "
                 "to resume")
