@@ -65,6 +65,7 @@ from mocheg_jax.retrieval import evaluation
 from mocheg_jax.retrieval.image_encoders import ImageEncoders
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
+from mocheg_jax.utils import paths
 
 DEV_SPLIT = "val"
 RANDOM = "random"
@@ -154,7 +155,9 @@ def random_clip_config(m: ml_collections.ConfigDict, scale: float, tokenizer
 
 
 def clip_source(m: ml_collections.ConfigDict, r: ml_collections.ConfigDict,
-                wordpiece_dir: str, param_dtype) -> ClipSource:
+                wordpiece_dir: str, param_dtype, moved: paths.Moved = None) -> ClipSource:
+  """Where `model.init` (m) says the CLIP comes from; `moved`: a workdir it names lies in a
+  folder copied from elsewhere (its saved paths are read as under the copy)."""
   if not m.init:
     raise ValueError("config.model.init is empty: give a local HF CLIP folder "
                      "(--config.model.init=PATH, e.g. clip-vit-base-patch32) or 'random'")
@@ -169,7 +172,7 @@ def clip_source(m: ml_collections.ConfigDict, r: ml_collections.ConfigDict,
     raise MochegInputError(f"config.model.init {folder!r} {what} (expected 'random', a "
                            "CLIP training workdir or a local HF CLIPModel folder)")
   if os.path.isdir(os.path.join(folder, CHECKPOINT_DIR)):
-    return _workdir_source(folder, r)
+    return _workdir_source(folder, r, moved)
   config = clip.CLIPConfig.from_hf(hf_convert.read_config(folder),
                                    source=os.path.join(folder, "config.json"))
   _check_pooling_token(load_tokenizer(folder), config.text, folder)
@@ -188,11 +191,12 @@ def _with_scale(values: dict, r: ml_collections.ConfigDict) -> dict:
   return values
 
 
-def _workdir_source(workdir: str, r: ml_collections.ConfigDict) -> ClipSource:
+def _workdir_source(workdir: str, r: ml_collections.ConfigDict,
+                    moved: paths.Moved = None) -> ClipSource:
   """The best CLIP of a training workdir (caption pre-training, or an image retriever) and
   the tokenizer it was trained with."""
   from mocheg_jax.train.restore import load_trained  # restore imports the task modules.
-  trained = load_trained(workdir, "best")
+  trained = load_trained(workdir, "best", moved)
   if not isinstance(trained.model, clip.CLIPModel):
     raise MochegInputError(f"config.model.init {workdir}: its task ({trained.config.task}) "
                            "does not train a CLIP")
@@ -285,11 +289,14 @@ def clip_loss(r: ml_collections.ConfigDict) -> Callable:
 
 
 # ---- the task -------------------------------------------------------------------------------
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
+def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Moved = None
+              ) -> Task:
+  """`moved`: the workdir was trained elsewhere and copied (restore.load_trained relocated
+  `config`); a CLIP workdir it starts from is copied along and is read the same way."""
   data = prepared_data(config, workdir)
   m, r = config.model, config.retrieval
   param_dtype = jnp.dtype(config.param_dtype)
-  source = clip_source(m, r, data.wordpiece, param_dtype)
+  source = clip_source(m, r, data.wordpiece, param_dtype, moved)
   _apply_freeze(config, freeze_pattern(m.freeze_text_layers, m.freeze_vision_layers,
                                        source.config))
   dtype = jnp.dtype(m.dtype)
