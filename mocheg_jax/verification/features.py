@@ -580,28 +580,23 @@ class FeatureStore:
       out[row] = self._map(p, "image_states")[i]
     return out
 
-  def _embeddings(self) -> None:
+  def _embeddings(self, rows: Sequence[tuple[int, int]], name: str) -> np.ndarray:
+    """Rows (part, row) of a store's `name` embeddings, [n, embed_dim]."""
     if not self.manifest.embed_dim:
       raise MochegInputError(f"{self.dir}: the feature store holds no CLIP embeddings; "
                              "build it with embeddings=True")
+    out = np.zeros((len(rows), self.manifest.embed_dim), self.manifest.dtype)
+    for row, (p, i) in enumerate(rows):
+      out[row] = self._map(p, name)[i]
+    return out
 
   def text_embedding(self, keys: Sequence[str]) -> np.ndarray:
     """CLIP's unit text embeddings [n, embed_dim] (a store built with embeddings)."""
-    self._embeddings()
-    out = np.zeros((len(keys), self.manifest.embed_dim), self.manifest.dtype)
-    for row, key in enumerate(keys):
-      p, i = self._text_row(key)
-      out[row] = self._map(p, "text_embeds")[i]
-    return out
+    return self._embeddings([self._text_row(k) for k in keys], "text_embeds")
 
   def image_embedding(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
     """CLIP's unit image embeddings [n, embed_dim] (a store built with embeddings)."""
-    self._embeddings()
-    out = np.zeros((len(paths), self.manifest.embed_dim), self.manifest.dtype)
-    for row, path in enumerate(paths):
-      p, i = self._where_image(path)
-      out[row] = self._map(p, "image_embeds")[i]
-    return out
+    return self._embeddings([self._where_image(p) for p in paths], "image_embeds")
 
 
 def open_store(store_dir: str | os.PathLike, expect_fingerprint: dict | None = None,
