@@ -432,7 +432,7 @@ def bench_clip(size: str) -> dict[str, Any]:
     model = hf_clip.load(folder)
   weights = nnx.state(model, nnx.Param).to_pure_dict()
   source = image_task.ClipSource(model.config, "", lambda: weights)
-  with stubbed_data(image_task, clip_source=lambda m, r_, wordpiece, dtype: source):
+  with stubbed_data(image_task, clip_source=lambda *unused: source):
     task = image_task.make_task(config, "")  # Also derives config.freeze (paper: block 0).
 
   c = model.config
