@@ -123,22 +123,20 @@ def test_the_held_out_metric_scores_value_reading(monkeypatch):
     caption_task.held_out_evaluator(0, 0, alternatives, 16, encoders)
 
 
-def test_caption_pretraining_is_where_the_image_retriever_starts(tmp_path):
-  from mocheg_jax.train import loop
+def test_caption_pretraining_is_where_the_image_retriever_starts(tiny_main_job, tmp_path):
+  """The shared tiny main job's captions stage (4 steps) is the CLIP its image retriever
+  started from."""
   from mocheg_jax.train import restore
+  from mocheg_jax.train import writer
 
-  workdir = str(tmp_path / "captions")
-  config = _config("captions", "tiny")
-  config.total_steps = 4
-  config.optimizer.warmup_steps = 2
-  config.eval_every = 0
-  config.checkpoint_every = 4
-  config.captions.pairs = 64
-  config.captions.eval_pairs = 8
-  config.async_checkpoints = False
-  result = loop.train(config, workdir, log=lambda _: None)
-  assert result.status == "finished"
-  assert 0.0 <= result.metrics["dev/value_accuracy"] <= 1.0
+  stages = tiny_main_job.workdir / "stages"
+  workdir = str(stages / "captions")
+  accuracies = [r["dev/value_accuracy"] for r in writer.read_metrics(workdir)
+                if "dev/value_accuracy" in r]
+  assert accuracies and all(0.0 <= a <= 1.0 for a in accuracies)
+  checkpoints, step = restore.checkpoint_step(str(stages / "retrieval_image"), "best")
+  with checkpoints:
+    assert checkpoints.restore_config(step)["model"]["init"] == workdir
   trained = restore.load_trained(workdir, "best")
 
   image = _config("retrieval_image", "tiny")

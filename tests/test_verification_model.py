@@ -416,6 +416,51 @@ def test_image_score_reaches_each_present_item_through_its_own_layer():
     StanceConfig(**SMALL, use_image=False, image_score=True)
 
 
+def test_item_context_is_what_an_item_says_beyond_the_claim():
+  claims = make_claims(23)
+  plain = build(23, use_image=False, text_attention="cosine", item_pool="max")
+  model = build(24, use_image=False, text_attention="cosine", item_pool="max",
+                item_context=True)
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, context_fuse its own.
+  keys = ("claim", "claim_mask", "text", "text_mask")
+  batch = {k: v for k, v in make_batch(claims, items=(3, 1), seed=6).items() if k in keys}
+  claim, claim_mask = batch["claim"], batch["claim_mask"].astype(bool)
+  text, text_mask = batch["text"], batch["text_mask"].astype(bool)
+  context = np.asarray(model._context(claim, claim_mask, text, text_mask))
+  # By direct computation: weights 1 - the best cosine to a real claim token, floored; a
+  # mean over the item's tokens.
+  c = np.asarray(claim) / np.linalg.norm(np.asarray(claim), axis=-1, keepdims=True)
+  e = np.asarray(text) / np.linalg.norm(np.asarray(text), axis=-1, keepdims=True)
+  cos = np.einsum("bqd,bnkd->bnqk", c, e)
+  cos = np.where(np.asarray(claim_mask)[:, None, :, None], cos, -1.0)
+  w = np.where(np.asarray(text_mask), np.maximum(1 - cos.max(2), 0), 0)
+  want = np.einsum("bnk,bnkd->bnd", w, np.asarray(text)) / np.maximum(
+      np.asarray(text_mask).sum(-1, keepdims=True), 1)
+  np.testing.assert_allclose(context, want, atol=1e-5, rtol=1e-4)
+  # An item that only repeats the claim's tokens says nothing beyond it: context 0.
+  lc = claim.shape[1]
+  echo = text.at[:, 0, :lc].set(claim).at[:, 0, lc:].set(0.0)
+  echo_mask = text_mask.at[:, 0, :].set(False).at[:, 0, :lc].set(claim_mask)
+  np.testing.assert_allclose(np.asarray(model._context(claim, claim_mask, echo, echo_mask))
+                             [np.asarray(claim_mask).any(-1), 0], 0.0, atol=1e-6)
+  # With context_fuse at zero the model is the plain one; otherwise the context counts.
+  zeroed = nnx.clone(model)
+  nnx.update(zeroed.context_fuse,
+             jax.tree.map(jnp.zeros_like, nnx.state(zeroed.context_fuse, nnx.Param)))
+  np.testing.assert_allclose(run(zeroed, batch), run(plain, batch), atol=1e-5, rtol=1e-5)
+  assert np.abs(run(model, batch) - run(plain, batch)).max() > 1e-3
+
+  def loss(m):
+    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  grads = nnx.jit(nnx.grad(loss))(model)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert np.abs(np.asarray(grads.context_fuse.kernel[...])).max() > 0
+  with pytest.raises(ValueError, match="item_context needs use_text"):
+    StanceConfig(**SMALL, use_text=False, item_context=True)
+
+
 def test_zeros_mode_uses_one_classifier_with_zero_stances():
   claims = make_claims(4)
   model = build(5, missing_modality="zeros")

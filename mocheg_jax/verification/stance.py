@@ -61,8 +61,9 @@ items; one set of shapes per jit):
 * Beyond the paper, off by default: `text_attention="cosine"` (no learned projections),
   `token_match` (exact token-id matches of the claim's tokens in the evidence, an input of
   their own layer), `item_pool="max"` (items max-pooled instead of averaged),
-  `image_query="words"` (images queried by learned embeddings of the claim's token ids)
-  and `image_score` (CLIP's claim-image cosine read per image item).
+  `image_query="words"` (images queried by learned embeddings of the claim's token ids),
+  `image_score` (CLIP's claim-image cosine read per image item) and `item_context` (what a
+  text item says beyond the claim's words).
 
 Logical axes: only the shared names ("embed", "mlp", "heads", "kv", "classes", "batch",
 "length"); the item axis is folded into "batch" inside the module.
@@ -144,6 +145,13 @@ class StanceConfig:
   # value; the cross-attention from the claim's tokens has to learn that pairing from the
   # few hundred training claims that need it, and does not.
   image_score: bool = False
+  # Beyond the paper: each text item also reads its "context", the mean of its token states
+  # scaled by how little any claim token matches them (1 - max cosine), through its own
+  # layer (`context_fuse`) added before the activation. Retrieved sentences include the
+  # articles' restatements of the claim ("a widely shared post said that ..."): they repeat
+  # every claim token, so by the claim-token view they are the strongest support there is;
+  # only the words around the repetition ("said", "shared") tell them apart.
+  item_context: bool = False
   leaky_relu_slope: float = LEAKY_RELU_SLOPE
 
   def __post_init__(self):
@@ -161,8 +169,9 @@ class StanceConfig:
     if self.missing_modality not in MISSING_MODALITY_MODES:
       raise ValueError(f"unknown missing_modality {self.missing_modality!r}; expected one "
                        f"of {MISSING_MODALITY_MODES}")
-    if self.token_match and not self.use_text:
-      raise ValueError("StanceConfig.token_match needs use_text")
+    for name in ("token_match", "item_context"):
+      if getattr(self, name) and not self.use_text:
+        raise ValueError(f"StanceConfig.{name} needs use_text")
     if self.text_attention not in TEXT_ATTENTION_MODES:
       raise ValueError(f"unknown text_attention {self.text_attention!r}; expected one of "
                        f"{TEXT_ATTENTION_MODES}")
@@ -249,6 +258,8 @@ class StanceDetector(nnx.Module):
                        if config.token_match else None)
     self.score_fuse = (layers.Dense(1, config.hidden, (None, "mlp"), **kw)
                        if config.image_score else None)
+    self.context_fuse = (layers.Dense(config.text_dim, config.hidden, ("embed", "mlp"), **kw)
+                         if config.item_context else None)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
                                    ("mlp", "classes"), **kw)
     self.classifier_single = (
@@ -293,18 +304,34 @@ class StanceDetector(nnx.Module):
     m = jnp.einsum("bnqk,bnkd->bnqd", weights, evidence.astype(jnp.float32))
     return m.astype(self.fuse.dtype or jnp.float32)  # The module's compute dtype.
 
+  def _context(self, claim: jax.Array, claim_mask: jax.Array, evidence: jax.Array,
+               keys: jax.Array) -> jax.Array:
+    """Each item's context [B, N, Dt]: the mean over its tokens of their states times
+    1 - (the token's best cosine to a real claim token), floored at 0; what the item says
+    beyond repeating the claim. An item all of whose tokens the claim repeats gets 0 (a
+    mean, not a weighted average: that would blow rounding-level weights up).
+    """
+    cos = jnp.einsum("bqd,bnkd->bnqk", l2_normalize(claim), l2_normalize(evidence))
+    cos = jnp.where(claim_mask[:, None, :, None], cos, -1.0)
+    weights = jnp.where(keys, jax.nn.relu(1.0 - cos.max(axis=2)), 0.0)  # [B, N, L]
+    tokens = keys.sum(-1, keepdims=True)
+    context = jnp.einsum("bnk,bnkd->bnd", weights / jnp.maximum(tokens, 1),
+                         evidence.astype(jnp.float32))
+    return context.astype(self.fuse.dtype or jnp.float32)
+
   def _stance(self, attn: layers.Attention | None, claim: jax.Array, claim_mask: jax.Array,
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
               deterministic: bool, read: nnx.Module | None = None,
-              match: jax.Array | None = None, score: jax.Array | None = None
-              ) -> tuple[jax.Array, jax.Array]:
+              match: jax.Array | None = None, score: jax.Array | None = None,
+              context: bool = False) -> tuple[jax.Array, jax.Array]:
     """One modality's stance vector [B, hidden] and whether it has any item [B].
 
     claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
     bool, present [B, N] bool. attn None: the cosine alignment (text only); `read` (an
     image_reads module): that read instead of attention + fusion; `match` [B, N, Lc]: the
     token-match bits (text only, with config.token_match); `score` [B, N]: the claim-item
-    CLIP cosines (images only, with config.image_score).
+    CLIP cosines (images only, with config.image_score); `context`: add the items' context
+    (`_context`; text only, with config.item_context).
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
@@ -324,6 +351,8 @@ class StanceDetector(nnx.Module):
         anywhere = jnp.broadcast_to(anywhere, h.shape[:3] + c.shape[-1:])
         h = h + self.match_fuse(jnp.concatenate(
             [match[..., None] * c, anywhere, c - anywhere], axis=-1))
+      if context:
+        h = h + self.context_fuse(self._context(claim, claim_mask, evidence, keys))[:, :, None]
       h = jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
       # Max over the real claim tokens (the reference fills padding with -10000).
       h = jnp.where(claim_mask[:, None, :, None], h, jnp.finfo(h.dtype).min)
@@ -395,7 +424,8 @@ class StanceDetector(nnx.Module):
       text_mask = text_mask.astype(bool)
       s, p = self._stance(self.text_attention, claim, claim_mask, text, text_mask,
                           text_mask.any(-1), deterministic,
-                          match=text_match if cfg.token_match else None)
+                          match=text_match if cfg.token_match else None,
+                          context=cfg.item_context)
       stances.append(s)
       presents.append(p)
     if cfg.use_image:

@@ -79,6 +79,9 @@ def verify_config() -> ml_collections.ConfigDict:
   # Beyond the paper: each image also gives the model CLIP's claim-image cosine
   # (stance.StanceConfig.image_score); the store then keeps CLIP's embeddings.
   v.image_score = False
+  # Beyond the paper: each text item also reads what it says beyond the claim's words
+  # (stance.StanceConfig.item_context); it can tell a restatement of the claim from support.
+  v.item_context = False
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -241,7 +244,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              image_read=v.image_read,
                              pair_dim=v.pair_dim, match_heads=v.match_heads,
                              match_pool=v.match_pool, patches=manifest.patches,
-                             image_score=image_score)
+                             image_score=image_score,
+                             item_context=bool(v.use_text and v.item_context))
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
