@@ -111,6 +111,16 @@ def run(model: StanceDetector, batch: dict) -> np.ndarray:
   return np.asarray(_forward(model, batch))
 
 
+def _grads(model: StanceDetector, batch: dict) -> nnx.State:
+  """Gradients of a class-weighted loss on a 4-claim batch (fixed labels and weights)."""
+
+  def loss(m):
+    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
+                                  jnp.asarray(class_weights([5, 3, 2])))
+
+  return nnx.jit(nnx.grad(loss))(model)
+
+
 def reference_logits(ref: TorchReference, c: dict, use_text: bool | None = None):
   """The reference's logits for one claim (use_text overrides the module's switch)."""
   saved = ref.use_text
@@ -262,11 +272,7 @@ def test_cosine_text_attention_with_images_has_finite_gradients():
   batch = make_batch(make_claims(14))
   batch["text_mask"] = batch["text_mask"].at[0].set(False)
 
-  def loss(m):
-    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
-                                  jnp.asarray(class_weights([5, 3, 2])))
-
-  grads = nnx.jit(nnx.grad(loss))(model)
+  grads = _grads(model, batch)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
   assert abs(float(grads.text_log_scale[...])) > 0  # The temperature learns.
 
@@ -305,11 +311,7 @@ def test_token_match_adds_a_layer_that_reads_only_real_bits():
   padded["text_match"] = padded["text_match"].at[:, :nt, :lc].set(batch["text_match"])
   np.testing.assert_allclose(run(model, padded), with_bits, atol=2e-5, rtol=1e-5)
 
-  def loss(m):
-    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
-                                  jnp.asarray(class_weights([5, 3, 2])))
-
-  grads = nnx.jit(nnx.grad(loss))(model)
+  grads = _grads(model, batch)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
   assert np.abs(np.asarray(grads.match_fuse.kernel[...])).max() > 0
   with pytest.raises(ValueError, match="token_match=True needs text_match"):
@@ -366,11 +368,7 @@ def test_word_queries_read_the_claim_ids_not_its_states():
   padded = jnp.asarray(np.where(real, ids, 7), jnp.int32)
   np.testing.assert_allclose(run(model, dict(batch, claim_ids=padded)), logits, atol=1e-6)
 
-  def loss(m):
-    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
-                                  jnp.asarray(class_weights([5, 3, 2])))
-
-  grads = np.asarray(nnx.jit(nnx.grad(loss))(model).word_embedding.embedding[...])
+  grads = np.asarray(_grads(model, batch).word_embedding.embedding[...])
   used = np.unique(ids[real] % 64)
   assert np.abs(grads[used]).max() > 0
   assert not np.delete(grads, used, axis=0).any()  # Rows of no claim token: untouched.
@@ -402,11 +400,7 @@ def test_image_score_reaches_each_present_item_through_its_own_layer():
   np.testing.assert_allclose(run(zeroed, batch), run(plain, without), atol=1e-5, rtol=1e-5)
   assert np.abs(run(zeroed, batch) - logits).max() > 1e-3
 
-  def loss(m):
-    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
-                                  jnp.asarray(class_weights([5, 3, 2])))
-
-  grads = nnx.jit(nnx.grad(loss))(model)
+  grads = _grads(model, batch)
   assert np.abs(np.asarray(grads.score_fuse.kernel[...])).max() > 0
   with pytest.raises(ValueError, match="image_score=True needs image_score"):
     model(**without)
@@ -450,11 +444,7 @@ def test_item_context_is_what_an_item_says_beyond_the_claim():
   np.testing.assert_allclose(run(zeroed, batch), run(plain, batch), atol=1e-5, rtol=1e-5)
   assert np.abs(run(model, batch) - run(plain, batch)).max() > 1e-3
 
-  def loss(m):
-    return weighted_cross_entropy(m(**batch), jnp.array([0, 1, 2, 1]),
-                                  jnp.asarray(class_weights([5, 3, 2])))
-
-  grads = nnx.jit(nnx.grad(loss))(model)
+  grads = _grads(model, batch)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
   assert np.abs(np.asarray(grads.context_fuse.kernel[...])).max() > 0
   with pytest.raises(ValueError, match="item_context needs use_text"):
