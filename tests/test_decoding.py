@@ -133,6 +133,24 @@ def test_beam_search_is_token_identical_to_hf(models, seed):
   assert min(lengths) < MAX_LENGTH - 2, lengths
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_per_row_start_tokens_match_hf_decoder_prompts(models, num_beams):
+  """`start_ids` (the explanation generator's label start) is HF's generation from a
+  one-token decoder prompt per row."""
+  reference, ours, _ = models
+  ids, mask = _sources(3)
+  starts = np.array([7, 120, EOS, 7])
+  settings = dict(num_beams=num_beams, no_repeat_ngram_size=3 if num_beams > 1 else 0)
+  want, _ = _hf_generate(reference, ids, mask, decoder_input_ids=torch.tensor(starts[:, None]),
+                         **settings)
+  out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, start_ids=starts, **settings)
+  np.testing.assert_array_equal(out.sequences, want)
+  # Row 2 starts with the model's own start token: as a run without start_ids.
+  plain = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
+  np.testing.assert_array_equal(out.sequences[2], plain.sequences[2])
+  assert (out.sequences[:, 1:] != plain.sequences[:, 1:]).any()
+
+
 def test_settings_change_run_time_values_not_the_program(models):
   _, ours, _ = models
   ids, mask = _sources(0)

@@ -75,16 +75,19 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 # ---- NLL and the policy-gradient loss ----------------------------------------------------------
-def test_nll_equals_a_hand_computation():
+@pytest.mark.parametrize("start_ids", [None, (5, 9, 7, 9)])
+def test_nll_equals_a_hand_computation(start_ids):
+  """With `start_ids` (the label start) each row's decoder begins with its own token."""
   model, batch = _model(), _batch()
   targets, mask = np.asarray(batch["target_ids"]), np.asarray(batch["target_mask"]) == 1
-  decoder_inputs = np.concatenate([np.full((B, 1), EOS), targets[:, :-1]], axis=1)
+  starts = np.full((B, 1), EOS) if start_ids is None else np.array(start_ids)[:, None]
+  decoder_inputs = np.concatenate([starts, targets[:, :-1]], axis=1)
 
   @jax.jit
   def run(batch, decoder_inputs):
-    loss = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=None,
-                                      settings=reinforce.ReinforceSettings(),
-                                      reward_model=None)
+    loss = reinforce.explanation_loss(
+        model, batch, step=jnp.int32(0), key=None, settings=reinforce.ReinforceSettings(),
+        reward_model=None, start_ids=None if start_ids is None else jnp.asarray(start_ids))
     # Dropout is 0, so this is the same pass with hand-made decoder inputs.
     return loss, model(batch["source_ids"], batch["source_mask"], decoder_inputs)
 
@@ -296,6 +299,40 @@ def test_sampling_inside_jit_gives_valid_ids_masked_after_eos():
   np.testing.assert_array_equal(first, sample(with_eos_bias(2.5), jax.random.key(0))[0])
 
 
+def test_the_sample_and_its_scoring_pass_share_the_rows_start_tokens():
+  """With per-row start tokens the sampler, the scoring pass and the REINFORCE term all
+  condition on them: the scored log-probabilities are the sampler's own, and a sample
+  started with the model's start token has other ones."""
+  model, batch = _model(seed=3), _batch(2)
+  starts = jnp.asarray([5, 9, 7, 9], jnp.int32)
+  config = reinforce.policy_generation_config(model.config, SAMPLE_MAX, sample=True)
+
+  @jax.jit
+  def sample(key, starts):
+    out = decoding.generate_core(model, batch["source_ids"], batch["source_mask"], config, key,
+                                 start_ids=starts)
+    ids, mask = decoding.tokens_and_mask(out)
+    logits = reinforce.teacher_forced_logits(model, batch["source_ids"], batch["source_mask"],
+                                             ids, deterministic=True, start_ids=starts)
+    return out, reinforce.sequence_log_probs(logits, ids, mask)
+
+  out, scored = sample(jax.random.key(0), starts)
+  np.testing.assert_array_equal(np.asarray(out.sequences[:, 0]), np.asarray(starts))
+  np.testing.assert_allclose(np.asarray(scored), np.asarray(out.scores), rtol=1e-4, atol=1e-4)
+  plain, _ = sample(jax.random.key(0), jnp.full((B,), EOS, jnp.int32))
+  assert not np.allclose(np.asarray(plain.scores), np.asarray(out.scores))
+
+  # The term's log-probabilities (so pg_loss, without a baseline) and the NLL see them too.
+  settings = reinforce.ReinforceSettings(sc_weight=1.0, start_step=0, baseline="none",
+                                         sample_max_length=SAMPLE_MAX)
+  loss = jax.jit(lambda starts: reinforce.explanation_loss(
+      model, batch, step=jnp.int32(0), key=jax.random.key(1), settings=settings,
+      reward_model=_stand_in(), start_ids=starts)[1])
+  with_starts, without = loss(starts), loss(jnp.full((B,), EOS, jnp.int32))
+  assert float(with_starts["pg_loss"]) != float(without["pg_loss"])
+  assert float(with_starts["nll"]) != float(without["nll"])
+
+
 # ---- the reward term, per-position (the reference's sampling) --------------------------------
 def test_every_baseline_with_the_reference_per_position_sampling():
   """One program computes the loss with each baseline (the autoregressive sampler with the
@@ -470,7 +507,7 @@ def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
 
   monkeypatch.setattr(generator_task, "load_reward_model", stand_in_loader)
   monkeypatch.setattr(reinforce, "explanation_loss", counting_loss)
-  config = _tiny_config(tmp_path / "data", classifier="stand-in")
+  config = _tiny_config(tmp_path / "data", classifier="stand-in", label_start=True)
   from mocheg_jax.train.data import prepared_data
   data = prepared_data(config, str(tmp_path / "w"), log=lambda _: None)
   bpe = tokenizers.load_tokenizer(data.bpe)
@@ -510,5 +547,35 @@ def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
                "dev/distinct_outputs"):
     assert 0 <= result.metrics[name] <= 1
   assert 0 < result.metrics["dev/generated_tokens"] <= 11
-  model = load_trained(str(tmp_path / "w")).model
+  trained = load_trained(str(tmp_path / "w"))
+  model = trained.model
   assert isinstance(model, bart.Bart) and model.config.vocab_size == len(bpe)
+
+  # explain.label_start: each class starts the decoder with its own token, in training (the
+  # loss above) and in generation, where each row starts with its claim's label.
+  starts = generator_task.label_start_ids(bpe)
+  assert len(set(starts.tolist())) == 3
+  for token, name in zip(starts, LABEL_NAMES):
+    assert name.lower().startswith(bpe.decode([int(token)]).strip().lower())
+  seen = []
+  real_generate = decoding.generate
+
+  def recording_generate(*args, start_ids=None, **kwargs):
+    seen.append(np.asarray(start_ids).tolist())
+    return real_generate(*args, start_ids=start_ids, **kwargs)
+
+  monkeypatch.setattr(decoding, "generate", recording_generate)
+  claims = generator_task.dev_claims(data.release, config.explain)[:5]
+  labels = [c.label for c in claims]
+  trained.task.inference.generate(model, claims)  # Batches of 4: 4 rows, then 1 + 3 fillers.
+  assert seen == [starts[labels[:4]].tolist(), starts[[labels[4]] * 4].tolist()]
+
+
+class _CollidingTokenizer:
+  def __call__(self, text, add_special_tokens=False):
+    return {"input_ids": [11, len(text)]}  # Every label name starts with token 11.
+
+
+def test_label_start_needs_three_different_first_tokens():
+  with pytest.raises(MochegInputError, match="label_start.*three different tokens"):
+    generator_task.label_start_ids(_CollidingTokenizer())

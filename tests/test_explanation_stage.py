@@ -21,6 +21,7 @@ from mocheg_jax.explanation import stage
 from mocheg_jax.explanation import table5
 from mocheg_jax.retrieval import results as results_lib
 from mocheg_jax.train.checkpoint import Checkpointer
+from mocheg_jax.train import loop
 from mocheg_jax.train.loop import CHECKPOINT_DIR
 from mocheg_jax.train.writer import read_metrics
 from mocheg_jax.verification import predictions
@@ -38,7 +39,7 @@ def _small_classifier(*args, **kwargs):
 def _small_generator(*args, **kwargs):
   config = _ORIGINAL["generator"](*args, **kwargs)
   config.total_steps, config.batch_size, config.log_every = 6, 8, 1  # 8 fake devices.
-  config.eval_every, config.checkpoint_every = 6, 6
+  config.eval_every, config.checkpoint_every = 6, 3  # Step 3: where the reward starts.
   config.optimizer.warmup_steps = 0
   e = config.explain
   e.d_model, e.layers, e.heads, e.ffn, e.max_positions = 16, 1, 2, 32, 64
@@ -84,11 +85,11 @@ def stage_run(tmp_path_factory):
     out = stage.run(str(workdir), "tiny", 0, log=lines.append, **inputs)
   finally:
     mp.undo()
-  return workdir, claims, out, "\n".join(lines)
+  return workdir, claims, out, "\n".join(lines), inputs
 
 
 def test_stage_trains_on_the_given_release_with_overrides(stage_run):
-  workdir, _, _, _ = stage_run
+  workdir = stage_run[0]
   classifier = Checkpointer(str(workdir / "stages" / stage.CLASSIFIER_DIR / CHECKPOINT_DIR),
                             read_only=True)
   config = classifier.restore_config(classifier.latest_step())
@@ -98,7 +99,7 @@ def test_stage_trains_on_the_given_release_with_overrides(stage_run):
 
 
 def test_table5_rows_and_files(stage_run):
-  workdir, claims, out, text = stage_run
+  workdir, claims, out, text, _ = stage_run
   rows = out["rows"]
   generated = {(r["system"], r["evidence"], r["label"]) for r in rows if r["label"] != "-"}
   assert generated == {(s, e, l) for s in stage.GENERATORS for e in ("gold", "system")
@@ -143,13 +144,40 @@ def test_table5_rows_and_files(stage_run):
 
 
 def test_only_the_reinforce_generator_trains_with_the_reward(stage_run):
-  workdir = stage_run[0]
+  workdir, text = stage_run[0], stage_run[3]
   nll = [r for r in read_metrics(workdir / "stages" / "explain_nll") if "loss" in r]
   rl = [r for r in read_metrics(workdir / "stages" / "explain_reinforce") if "loss" in r]
   assert len(nll) == len(rl) == 6
   assert all("sc_weight" not in r for r in nll)
-  assert [r["sc_weight"] for r in rl] == [0.0] * 3 + [0.5] * 3
+  # The rewarded generator started from the NLL one's checkpoint where the term starts.
+  assert "starts from" in text and rl[:3] == nll[:3]
+  assert [r["sc_weight"] for r in rl[3:]] == [0.5] * 3
   assert all(r["sample_tokens"] > 0 for r in rl[3:])
+
+
+def test_starting_from_the_nll_checkpoint_is_training_from_scratch(stage_run, tmp_path):
+  """The rewarded generator trained from step 0 has the NLL generator's curve until the
+  term starts, then the curve of the stage's run that resumed from the NLL checkpoint."""
+  workdir, inputs = stage_run[0], stage_run[4]
+  classifier_dir = str(workdir / "stages" / stage.CLASSIFIER_DIR)
+  config = _small_generator("tiny", str(workdir), 0, classifier_dir, **inputs)
+  loop.train(config, str(tmp_path), log=lambda _: None)
+  scratch = [r for r in read_metrics(tmp_path) if "loss" in r]
+  resumed = [r for r in read_metrics(workdir / "stages" / "explain_reinforce") if "loss" in r]
+  assert [r["sc_weight"] for r in scratch] == [0.0] * 3 + [0.5] * 3
+  for a, b in zip(scratch, resumed):
+    for key in ("loss", "nll", "grad_norm"):
+      np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=f"step {a['step']} {key}")
+  for a, b in zip(scratch[3:], resumed[3:]):
+    np.testing.assert_allclose(a["reward"], b["reward"], rtol=1e-5, atol=1e-6)
+  # Configs differing in more than the classifier (or a run already started): no copy.
+  other = _small_generator("tiny", str(workdir), 1, classifier_dir, **inputs)
+  nll_config = _small_generator("tiny", str(workdir), 0, "", **inputs)
+  nll_dir = str(workdir / "stages" / "explain_nll")
+  assert not stage.start_from_nll_run(nll_dir, nll_config, str(tmp_path / "a"), other,
+                                      log=lambda _: None)
+  assert not stage.start_from_nll_run(nll_dir, nll_config, str(tmp_path), config,
+                                      log=lambda _: None)
 
 
 def test_agreement():

@@ -72,6 +72,30 @@ def test_toy_task_learns(one_device_run):
   assert any("dev/accuracy" in r for r in records)
 
 
+def test_progress_counts_steps_the_device_finished(tmp_path, monkeypatch):
+  """The progress line (rate, ETA) counts a step once its outputs are ready, not when it was
+  dispatched: each count but the last follows a wait on that step's metrics."""
+  events, counted = [], []
+  real_wait = jax.block_until_ready
+
+  def wait(tree):
+    events.append("wait")
+    return real_wait(tree)
+
+  class RecordingProgress(loop.Progress):
+    def update(self, n=1):
+      events.append("count")
+      super().update(n)
+      counted.append(self.done)
+
+  monkeypatch.setattr(loop.jax, "block_until_ready", wait)
+  monkeypatch.setattr(loop, "Progress", RecordingProgress)
+  config = toy_config(**{"mesh.data": 1, "total_steps": 6, "eval_every": 0})
+  loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
+  assert counted == [1, 2, 3, 4, 5, 6]
+  assert events == ["wait", "count"] * 5 + ["count"]
+
+
 def test_load_trained_gives_the_checkpointed_weights(one_device_run):
   workdir, _ = one_device_run
   trained = restore.load_trained(workdir, "latest")

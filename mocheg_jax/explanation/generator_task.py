@@ -69,6 +69,11 @@ def explain_config() -> ml_collections.ConfigDict:
   e.max_source_len = 512
   e.max_target_len = 400
   e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
+  # Beyond the paper: the decoder starts with the label's first token (`label_start_ids`)
+  # instead of BART's start token, so every decoder position sees the label it argues for
+  # through self-attention. The reference gives the label in the source only, which a
+  # generator trained from scratch did not learn to read (configs/explain.py).
+  e.label_start = False
   # Weight of the auxiliary source-copying NLL (reinforce.source_reconstruction_nll, for
   # training from scratch); 0 for a pretrained BART (the paper's setting).
   e.reconstruction_weight = 0.0
@@ -258,6 +263,18 @@ def source_ids(tokenizer, claim: Claim, e: ml_collections.ConfigDict) -> list[in
       e.max_source_len, e.left_truncation)
 
 
+def label_start_ids(tokenizer) -> np.ndarray:
+  """int32 [3]: the decoder start token of each class (`explain.label_start`): the first
+  token of " {label name}" in the generator's tokenizer, which must differ by class."""
+  ids = [tokenizer(" " + name, add_special_tokens=False)["input_ids"][:1]
+         for name in LABEL_NAMES]
+  if any(not i for i in ids) or len({i[0] for i in ids}) < len(ids):
+    raise MochegInputError(f"config.explain.label_start: the tokenizer's first tokens of the "
+                           f"label names {list(LABEL_NAMES)} are {ids}; they must be three "
+                           "different tokens")
+  return np.array([i[0] for i in ids], np.int32)
+
+
 # ---- evaluation ------------------------------------------------------------------------------
 def generation_config(model: bart.Bart, e: ml_collections.ConfigDict
                       ) -> decoding.GenerationConfig:
@@ -277,6 +294,11 @@ class Explainer:
   def tokenizer(self):
     return load_tokenizer(self.tokenizer_dir)
 
+  @functools.cached_property
+  def label_starts(self) -> np.ndarray | None:
+    """Each class's decoder start token with `explain.label_start`, else None."""
+    return label_start_ids(self.tokenizer) if self.config.explain.label_start else None
+
   def generate(self, model: bart.Bart, claims: Sequence[Claim]
                ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(texts, ids [N, L-1], mask [N, L-1]) of beam-searched explanations, in order."""
@@ -290,12 +312,17 @@ class Explainer:
                   enabled=distributed.is_primary()) as progress:
       for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
+        filler = batch - len(chunk)  # Rows repeating the first, for a fixed shape.
         ids = np.full((batch, e.max_source_len), model.config.pad_token_id, np.int32)
         mask = np.zeros((batch, e.max_source_len), np.int32)
-        for i, row in enumerate(chunk + [chunk[0]] * (batch - len(chunk))):  # Fixed shape.
+        for i, row in enumerate(chunk + [chunk[0]] * filler):
           ids[i, :len(row)], mask[i, :len(row)] = row, 1
-        tokens, token_mask = decoding.tokens_and_mask(decoding.generate(model, ids, mask,
-                                                                        config))
+        starts = None
+        if self.label_starts is not None:
+          labels = [c.label for c in claims[start:start + batch]]
+          starts = self.label_starts[labels + [labels[0]] * filler]
+        tokens, token_mask = decoding.tokens_and_mask(decoding.generate(
+            model, ids, mask, config, start_ids=starts))
         all_ids.append(distributed.to_host(tokens)[:len(chunk)])
         all_mask.append(distributed.to_host(token_mask)[:len(chunk)])
         progress.update(len(chunk))
@@ -354,6 +381,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
                                      longest, e.reward_input, moved=moved)
   settings = reinforce_settings(e)
   seed = config.seed
+  explainer = Explainer(config, source.tokenizer_dir)
+  label_starts = explainer.label_starts
 
   def model() -> bart.Bart:
     return build_model(source, seed, e.dtype)
@@ -363,9 +392,11 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
     # `reward` is Task.constants: the trainer passes the classifier's parameters to the
     # jitted step as an argument (not baked into the program as constants).
     key = reinforce.policy_key(model) if reward is not None else None
+    starts = None if label_starts is None else jnp.asarray(label_starts)[batch["label"]]
     return reinforce.explanation_loss(model, batch, step=jnp.max(batch["step"]), key=key,
                                       settings=settings, reward_model=reward,
-                                      reconstruction_weight=e.reconstruction_weight)
+                                      reconstruction_weight=e.reconstruction_weight,
+                                      start_ids=starts)
 
   def train_data(local_batch: int):
     loader = pipelines.LoaderConfig(batch_size=local_batch, seed=seed,
@@ -376,7 +407,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
                                      left_truncation=e.left_truncation)
     return StepNumbered(iter(pipeline.dataset))
 
-  explainer = Explainer(config, source.tokenizer_dir)
   evaluator = _dev_evaluator(explainer, dev_claims(data.release, e), reward_model)
   return Task(model=model, loss=loss, batch_axes=BATCH_AXES, train_data=train_data,
               evaluators=(Evaluator("dev", evaluator),),

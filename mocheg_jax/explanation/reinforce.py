@@ -190,14 +190,21 @@ def policy_gradient_loss(log_probs: jax.Array, rewards: jax.Array,
 
 def teacher_forced_logits(model: Bart, source_ids: jax.Array, source_mask: jax.Array,
                           labels: jax.Array, *, deterministic: bool,
-                          memory: jax.Array | None = None) -> jax.Array:
-  """Logits [B, T, V] for `labels` [B, T] (decoder inputs: labels shifted right); `memory`:
-  the encoder pass of the source when the caller has it."""
-  c = model.config
-  decoder_inputs = shift_tokens_right(labels, c.pad_token_id, c.decoder_start_token_id)
+                          memory: jax.Array | None = None,
+                          start_ids: jax.Array | None = None) -> jax.Array:
+  """Logits [B, T, V] for `labels` [B, T] (decoder inputs: labels shifted right after the
+  start token: the model's, or each row's of `start_ids` [B]); `memory`: the encoder pass
+  of the source when the caller has it."""
+  decoder_inputs = _decoder_inputs(model, labels, start_ids)
   if memory is None:
     memory = model.encode(source_ids, source_mask, deterministic=deterministic)
   return model.decode(decoder_inputs, memory, source_mask, deterministic=deterministic)
+
+
+def _decoder_inputs(model: Bart, ids: jax.Array, start_ids: jax.Array | None) -> jax.Array:
+  c = model.config
+  start = c.decoder_start_token_id if start_ids is None else start_ids
+  return shift_tokens_right(ids, c.pad_token_id, start)
 
 
 def source_reconstruction_nll(model: Bart, memory: jax.Array, source_ids: jax.Array,
@@ -263,7 +270,8 @@ def _no_model_grad(model: Bart) -> Bart:
 
 
 def _sample_and_score(model: Bart, memory: jax.Array, batch: Mapping[str, jax.Array],
-                      key: jax.Array, settings: ReinforceSettings, reward_model: RewardModel
+                      key: jax.Array, settings: ReinforceSettings, reward_model: RewardModel,
+                      start_ids: jax.Array | None
                       ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(ids, mask, rewards, baselines) of a sample from the policy; no gradient inside."""
   source_ids, source_mask, labels = batch["source_ids"], batch["source_mask"], batch["label"]
@@ -272,7 +280,7 @@ def _sample_and_score(model: Bart, memory: jax.Array, batch: Mapping[str, jax.Ar
   def generate(sample: bool, rng: jax.Array | None):
     config = policy_generation_config(model.config, settings.sample_max_length, sample=sample)
     return decoding.generated_tokens(model, source_ids, source_mask, config, rng,
-                                     memory=memory)
+                                     memory=memory, start_ids=start_ids)
 
   ids, mask = generate(True, key)
   rewards = reward_model.reward(ids, mask, labels)
@@ -301,7 +309,8 @@ def _per_position_sample(logits: jax.Array, batch: Mapping[str, jax.Array], key:
 def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.Array,
                      key: jax.Array | None, settings: ReinforceSettings,
                      reward_model: RewardModel | None = None,
-                     reconstruction_weight: float = 0.0
+                     reconstruction_weight: float = 0.0,
+                     start_ids: jax.Array | None = None
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """NLL (+ the weighted REINFORCE term once `step >= settings.start_step`) of a batch.
 
@@ -320,6 +329,8 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
     reward_model: the frozen classifier; None (or sc_weight 0) gives the NLL alone.
     reconstruction_weight: weight of `source_reconstruction_nll` over the first T source
       tokens (0: off; for randomly initialised generators).
+    start_ids: int [B], each row's decoder start token for the explanation (the NLL pass,
+      the sample and its scoring pass); None: the model's decoder_start_token_id.
 
   Returns:
     (loss, metrics): scalars "nll", "target_tokens", and with a reward model "sc_weight"
@@ -331,7 +342,7 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
   targets, target_mask = batch["target_ids"], batch["target_mask"]
   train_memory = model.encode(source_ids, source_mask, deterministic=False)
   logits = teacher_forced_logits(model, source_ids, source_mask, targets, deterministic=False,
-                                 memory=train_memory)
+                                 memory=train_memory, start_ids=start_ids)
   nll, count = token_nll(logits, targets, target_mask)
   metrics = {"nll": nll, "target_tokens": count}
   loss = nll
@@ -357,7 +368,7 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
     # deterministic encoder pass (a constant to the sampler, differentiated for scoring).
     memory = model.encode(source_ids, source_mask, deterministic=True)
     sample = lambda: _sample_and_score(  # noqa: E731
-        model, jax.lax.stop_gradient(memory), batch, key, settings, reward_model)
+        model, jax.lax.stop_gradient(memory), batch, key, settings, reward_model, start_ids)
 
   def nothing():
     zeros = jnp.zeros((batch_size,), jnp.float32)
@@ -368,9 +379,8 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
   if settings.teacher_forced_sampling:
     log_probs = sequence_log_probs(logits, ids, mask)
   else:
-    c = model.config
-    decoder_inputs = shift_tokens_right(ids, c.pad_token_id, c.decoder_start_token_id)
-    sample_logits = model.decode(decoder_inputs, memory, source_mask, deterministic=True)
+    sample_logits = model.decode(_decoder_inputs(model, ids, start_ids), memory, source_mask,
+                                 deterministic=True)
     log_probs = sequence_log_probs(sample_logits, ids, mask)
   if settings.log_prob == "mean":
     log_probs = log_probs / jnp.maximum(mask.astype(jnp.float32).sum(-1), 1.0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import time
 from typing import Callable, Sequence
 
@@ -39,13 +40,18 @@ from mocheg_jax.explanation import table5
 from mocheg_jax.models import encoding
 from mocheg_jax.parallel import distributed
 from mocheg_jax.train import evaluations, loop
+from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.restore import load_trained
+from mocheg_jax.train.writer import METRICS_FILE
 from mocheg_jax.utils import configs, files
 from mocheg_jax.verification import stage as verification_stage
 
 SPLIT = "test"
 CLASSIFIER_DIR = "explain_classifier"
 RETRIEVER_DIR = "retrieval_text"  # Its BERT's token states are BERTScore's embeddings.
+# Table 5's generators: (stage folder, rewarded). The NLL generator's row is its best dev
+# ROUGE-L checkpoint; the rewarded one's is its last, so that the row is always a model the
+# reward term trained (its best ROUGE-L may be the checkpoint before the term started).
 GENERATORS = {"BART": ("explain_nll", False), "BART + REINFORCE": ("explain_reinforce", True)}
 RETRIEVAL_RESULTS = os.path.join("runs", "retrieval_results.csv")
 VERIFY_RESULTS = verification_stage.VERIFY_RESULTS  # What the verification stage writes.
@@ -81,9 +87,10 @@ def generator_config(scale: str, workdir: str, seed: int, classifier_dir: str = 
   config = configs.stage_config("explain", scale, workdir, seed, release=release)
   config.explain.classifier = classifier_dir
   if scale == "tiny":
-    config.total_steps = config.checkpoint_every = TINY_STEPS["generator"]
+    config.total_steps = TINY_STEPS["generator"]
     config.eval_every = 0  # At the end only.
-    config.explain.sc_start_step = TINY_STEPS["sc_start_step"]
+    # A checkpoint where the reward term starts: the rewarded generator starts from it.
+    config.checkpoint_every = config.explain.sc_start_step = TINY_STEPS["sc_start_step"]
   elif scale == "small":
     # configs/explain.py:small's 1,500 steps take one to two hours on 2 CPU cores; the main
     # job trains a shorter run (not yet tuned for quality: see the README).
@@ -218,9 +225,17 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)
   train("classifier", classifier_config(scale, workdir, seed, **inputs), classifier_dir)
+  plain = None  # (folder, config) of the NLL generator.
   for folder, rewarded in GENERATORS.values():
-    train(folder, generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
-                                   **inputs), os.path.join(stages, folder))
+    config = generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
+                              **inputs)
+    where = os.path.join(stages, folder)
+    if rewarded and plain:
+      distributed.primary_only("reinforce_start", lambda: start_from_nll_run(
+          os.path.join(stages, plain[0]), plain[1], where, config, log))
+    elif not rewarded:
+      plain = (folder, config)
+    train(folder, config, where)
 
   def evaluate() -> dict:
     retriever = os.path.join(stages, RETRIEVER_DIR)
@@ -240,6 +255,46 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   out = distributed.primary_only("explanation_stage", evaluate)
   log("explanation trainings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
   return {**out, "timings_s": timings}
+
+
+def start_from_nll_run(nll_dir: str, nll_config: ml_collections.ConfigDict,
+                       rl_dir: str, rl_config: ml_collections.ConfigDict,
+                       log: Callable[[str], None] = print) -> bool:
+  """Gives the rewarded generator the NLL generator's checkpoint at the reward's start step.
+
+  Before `explain.sc_start_step` the two trainings are the same computation (same seed,
+  data order and updates: the term's weight is 0 and its sampling key is read without
+  advancing the dropout stream; tests/test_explanation_stage.py compares the curves), so the
+  rewarded one resumes there instead of training those steps again: on the small world 200
+  of its 400 steps (~18 minutes on 2 CPU cores). Copies the checkpoint and the metrics
+  (the resumed run drops the records after it); TensorBoard's events before it are not
+  copied. Does nothing (False) when the rewarded run has checkpoints already, the configs
+  differ in more than the classifier, or the NLL run kept no checkpoint at that step.
+  """
+  start = rl_config.explain.sc_start_step
+  target = os.path.join(rl_dir, loop.CHECKPOINT_DIR)
+  source = os.path.join(nll_dir, loop.CHECKPOINT_DIR, str(start))
+  unrewarded = ml_collections.ConfigDict(rl_config.to_dict())
+  unrewarded.explain.classifier = nll_config.explain.classifier
+  if (not start or os.path.isdir(target) and os.listdir(target)
+      or unrewarded.to_dict() != nll_config.to_dict()
+      or start not in _checkpoint_steps(nll_dir)):
+    return False
+  os.makedirs(target, exist_ok=True)
+  shutil.copytree(source, os.path.join(target, str(start)))
+  metrics = os.path.join(nll_dir, METRICS_FILE)
+  if os.path.isfile(metrics):
+    shutil.copyfile(metrics, os.path.join(rl_dir, METRICS_FILE))
+  log(f"{rl_dir}: starts from {source} (the NLL generator at step {start}, where the reward "
+      "term starts)")
+  return True
+
+
+def _checkpoint_steps(stage_dir: str) -> list[int]:
+  if not _has_checkpoints(stage_dir):
+    return []
+  with Checkpointer(os.path.join(stage_dir, loop.CHECKPOINT_DIR), read_only=True) as saved:
+    return saved.all_steps()
 
 
 def _has_checkpoints(stage_dir: str) -> bool:
@@ -275,8 +330,8 @@ def _evaluate(workdir: str, reader: MochegRelease, classifier_dir: str,
   out_dir = os.path.join(workdir, EXPLANATIONS_DIR)
 
   rows = []
-  for system, (folder, _) in GENERATORS.items():
-    trained = load_trained(os.path.join(stages, folder))
+  for system, (folder, rewarded) in GENERATORS.items():
+    trained = load_trained(os.path.join(stages, folder), "latest" if rewarded else "best")
     tokenizer = trained.task.inference.tokenizer
     for (e, l), x in settings.items():
       start = time.perf_counter()

@@ -158,10 +158,14 @@ class BartConfig:
 
 
 def shift_tokens_right(input_ids: jax.Array, pad_token_id: int,
-                       decoder_start_token_id: int) -> jax.Array:
-  """Decoder inputs from labels, as HF: prepend the start token, drop the last, -100 -> pad."""
+                       decoder_start_token_id: int | jax.Array) -> jax.Array:
+  """Decoder inputs from labels, as HF: prepend the start token, drop the last, -100 -> pad.
+
+  `decoder_start_token_id` is one id for every row or an int array [B] of per-row ids.
+  """
+  start = jnp.asarray(decoder_start_token_id, input_ids.dtype).reshape(-1, 1)
   shifted = jnp.concatenate(
-      [jnp.full_like(input_ids[:, :1], decoder_start_token_id), input_ids[:, :-1]], axis=1)
+      [jnp.broadcast_to(start, input_ids[:, :1].shape), input_ids[:, :-1]], axis=1)
   return jnp.where(shifted == -100, pad_token_id, shifted)
 
 

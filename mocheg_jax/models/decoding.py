@@ -254,14 +254,22 @@ def _initial_cache(model: Bart, memory: jax.Array, length: int, repeat: int):
   return jax.lax.optimization_barrier(model.init_cache(memory, length, repeat=repeat))
 
 
+def _start_column(config: GenerationConfig, rows: int, start_ids: jax.Array | None
+                  ) -> jax.Array:
+  """int32 [rows]: each row's decoder start token (the config's, or `start_ids`)."""
+  if start_ids is None:
+    return jnp.full((rows,), config.decoder_start_token_id, jnp.int32)
+  return jnp.asarray(start_ids, jnp.int32).reshape(rows)
+
+
 def _greedy_or_sample(model: Bart, memory: jax.Array, memory_mask: jax.Array,
-                      config: GenerationConfig, knobs: Knobs,
-                      rng: jax.Array | None) -> GenerateOutput:
+                      config: GenerationConfig, knobs: Knobs, rng: jax.Array | None,
+                      start_ids: jax.Array | None) -> GenerateOutput:
   graphdef, state = nnx.split(model)
   rows, length = memory.shape[0], config.max_length
   eos = jnp.asarray(config.eos_token_id)
   sequences = jnp.full((rows, length), config.pad_token_id, jnp.int32)
-  sequences = sequences.at[:, 0].set(config.decoder_start_token_id)
+  sequences = sequences.at[:, 0].set(_start_column(config, rows, start_ids))
   carry = dict(sequences=sequences, cur_len=jnp.asarray(1, jnp.int32),
                unfinished=jnp.ones((rows,), bool), scores=jnp.zeros((rows,), jnp.float32),
                cache=_initial_cache(model, memory, length - 1, 1))
@@ -301,7 +309,8 @@ def _gather(x: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
-                 config: GenerationConfig, knobs: Knobs) -> GenerateOutput:
+                 config: GenerationConfig, knobs: Knobs, start_ids: jax.Array | None
+                 ) -> GenerateOutput:
   graphdef, state = nnx.split(model)
   batch, beams, length = memory.shape[0], config.num_beams, config.max_length
   vocab = model.config.vocab_size
@@ -312,7 +321,7 @@ def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
   flat_mask = jnp.repeat(memory_mask, beams, axis=0)
 
   sequences = jnp.full((batch, beams, length), config.pad_token_id, jnp.int32)
-  sequences = sequences.at[:, :, 0].set(config.decoder_start_token_id)
+  sequences = sequences.at[:, :, 0].set(_start_column(config, batch, start_ids)[:, None])
   carry = dict(
       running=sequences, running_scores=jnp.zeros((batch, beams)).at[:, 1:].set(NEG),
       sequences=sequences, scores=jnp.full((batch, beams), NEG),
@@ -376,8 +385,8 @@ def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
 # ---- entry points -------------------------------------------------------------------------
 def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
                   config: GenerationConfig, rng: jax.Array | None = None, *,
-                  knobs: Knobs | None = None,
-                  memory: jax.Array | None = None) -> GenerateOutput:
+                  knobs: Knobs | None = None, memory: jax.Array | None = None,
+                  start_ids: jax.Array | None = None) -> GenerateOutput:
   """Generation as a pure, traceable function (call it inside jax.jit / nnx.jit).
 
   Args:
@@ -390,6 +399,9 @@ def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
       `config` may be the full config; with knobs, only its static part is read).
     memory: the encoder memory of `input_ids` [B, S, D] when the caller already has it
       (a loss that also scores the generation); no gradient flows into it from here.
+    start_ids: int [B], each row's decoder start token (default: the config's
+      decoder_start_token_id for every row); a generator conditioned on something per row
+      through its start token (the explanation generator's `label_start`).
   """
   config.validate(model.config.max_position_embeddings)
   if config.do_sample and rng is None:
@@ -406,25 +418,27 @@ def generate_core(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
   else:
     memory = jax.lax.stop_gradient(memory)
   if config.num_beams > 1:
-    return _beam_search(model, memory, attention_mask, config, knobs)
-  return _greedy_or_sample(model, memory, attention_mask, config, knobs, rng)
+    return _beam_search(model, memory, attention_mask, config, knobs, start_ids)
+  return _greedy_or_sample(model, memory, attention_mask, config, knobs, rng, start_ids)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static"))
-def _generate_jit(graphdef, state, input_ids, attention_mask, rng, knobs, static):
+def _generate_jit(graphdef, state, input_ids, attention_mask, rng, knobs, static,
+                  start_ids=None):
   return generate_core(nnx.merge(graphdef, state), input_ids, attention_mask, static, rng,
-                       knobs=knobs)
+                       knobs=knobs, start_ids=start_ids)
 
 
 def generate(model: Bart, input_ids: jax.Array, attention_mask: jax.Array | None = None,
              config: GenerationConfig | None = None, *, rng: jax.Array | None = None,
-             **overrides: Any) -> GenerateOutput:
+             start_ids: jax.Array | None = None, **overrides: Any) -> GenerateOutput:
   """Generates with one compiled program per static structure and shapes.
 
   `config` defaults to the checkpoint's settings (`GenerationConfig.from_model`) with
   `overrides` (e.g. num_beams=4, max_length=400). Programs are keyed by max_length,
   num_beams, do_sample, no_repeat_ngram_size, top_k, whether top-p is on, the special
   token ids and the input shapes; other settings are run-time values (`split_config`).
+  `start_ids`: per-row decoder start tokens (`generate_core`).
   """
   if config is None:
     config = GenerationConfig.from_model(model.config, **overrides)
@@ -438,13 +452,16 @@ def generate(model: Bart, input_ids: jax.Array, attention_mask: jax.Array | None
     attention_mask = jnp.ones_like(input_ids)
   static, knobs = split_config(config)
   graphdef, state = nnx.split(model)
+  if start_ids is not None:
+    start_ids = jnp.asarray(start_ids, jnp.int32)
   return _generate_jit(graphdef, state, input_ids, jnp.asarray(attention_mask, jnp.int32), rng,
-                       knobs, static)
+                       knobs, static, start_ids)
 
 
 def generated_tokens(model: Bart, input_ids: jax.Array, attention_mask: jax.Array,
                      config: GenerationConfig, rng: jax.Array | None = None, *,
-                     memory: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                     memory: jax.Array | None = None, start_ids: jax.Array | None = None
+                     ) -> tuple[jax.Array, jax.Array]:
   """The generated tokens and their mask, for use inside another jitted function.
 
   The decoder start token is dropped, so row b is what a teacher-forced pass would take as
@@ -452,8 +469,8 @@ def generated_tokens(model: Bart, input_ids: jax.Array, attention_mask: jax.Arra
   start token followed by `ids[:, :-1]`). No gradient flows through the tokens.
 
   Args:
-    model, input_ids, attention_mask, config, rng, memory: as `generate_core` (greedy,
-      sampling or beam search; `rng` is required when sampling).
+    model, input_ids, attention_mask, config, rng, memory, start_ids: as `generate_core`
+      (greedy, sampling or beam search; `rng` is required when sampling).
 
   Returns:
     ids: int32 [B, max_length - 1]: the tokens, then pad ids after the first EOS.
@@ -461,7 +478,7 @@ def generated_tokens(model: Bart, input_ids: jax.Array, attention_mask: jax.Arra
       position of a row that never produced one).
   """
   return tokens_and_mask(generate_core(model, input_ids, attention_mask, config, rng,
-                                       memory=memory))
+                                       memory=memory, start_ids=start_ids))
 
 
 def tokens_and_mask(out: GenerateOutput) -> tuple[jax.Array, jax.Array]:
