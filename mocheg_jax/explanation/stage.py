@@ -225,16 +225,16 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)
   train("classifier", classifier_config(scale, workdir, seed, **inputs), classifier_dir)
-  plain = None  # (folder, config) of the NLL generator.
+  nll = None  # (stage folder, config) of the NLL generator, trained first.
   for folder, rewarded in GENERATORS.values():
     config = generator_config(scale, workdir, seed, classifier_dir if rewarded else "",
                               **inputs)
     where = os.path.join(stages, folder)
-    if rewarded and plain:
-      distributed.primary_only("reinforce_start", lambda: start_from_nll_run(
-          os.path.join(stages, plain[0]), plain[1], where, config, log))
-    elif not rewarded:
-      plain = (folder, config)
+    if not rewarded:
+      nll = (where, config)
+    elif nll:
+      distributed.primary_only("reinforce_start",
+                               lambda: start_from_nll_run(*nll, where, config, log))
     train(folder, config, where)
 
   def evaluate() -> dict:
