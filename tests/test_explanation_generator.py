@@ -547,6 +547,15 @@ def test_task_trains_with_the_reward_on_the_tiny_world(tmp_path, monkeypatch):
                "dev/distinct_outputs"):
     assert 0 <= result.metrics[name] <= 1
   assert 0 < result.metrics["dev/generated_tokens"] <= 11
+  # The per-label agreements are the overall one split by the dev claims' labels.
+  dev_labels = np.array([c.label for c in generator_task.dev_claims(data.release,
+                                                                    config.explain)])
+  counts = np.bincount(dev_labels, minlength=3)
+  per_label = [result.metrics.get(f"dev/classifier_agreement_{n}") for n in LABEL_NAMES]
+  assert [p is not None for p in per_label] == list(counts > 0)
+  np.testing.assert_allclose(
+      sum(n * p for n, p in zip(counts, per_label) if p is not None) / counts.sum(),
+      result.metrics["dev/classifier_agreement"], rtol=1e-6)
   trained = load_trained(str(tmp_path / "w"))
   model = trained.model
   assert isinstance(model, bart.Bart) and model.config.vocab_size == len(bpe)
@@ -579,3 +588,10 @@ class _CollidingTokenizer:
 def test_label_start_needs_three_different_first_tokens():
   with pytest.raises(MochegInputError, match="label_start.*three different tokens"):
     generator_task.label_start_ids(_CollidingTokenizer())
+
+
+def test_agreement_by_label_splits_the_agreement_by_class():
+  agree = np.array([True, False, True, True, False])
+  labels = np.array([0, 0, 1, 1, 1])
+  assert generator_task.agreement_by_label(agree, labels) == {
+      "classifier_agreement_refuted": 0.5, "classifier_agreement_supported": 2 / 3}

@@ -338,6 +338,15 @@ def _agreement(reward_model: reinforce.RewardModel, ids: jax.Array, mask: jax.Ar
   return jnp.argmax(reward_model(ids, mask), -1) == labels
 
 
+def agreement_by_label(agree: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+  """{"classifier_agreement_<label name>": the agreement on the claims of that label} for
+  each label some claim has. Why: the overall figure hid that one class carried it (on the
+  small world the NLL generator's dev texts read as intended for 19% of the refuted claims,
+  71% of the supported and 100% of the NEI ones)."""
+  return {f"classifier_agreement_{name}": float(np.mean(agree[labels == k]))
+          for k, name in enumerate(LABEL_NAMES) if np.any(labels == k)}
+
+
 def dev_claims(release_dir: str, e: ml_collections.ConfigDict) -> list[Claim]:
   claims = [c for c in MochegRelease(release_dir).claims(DEV_SPLIT) if c.explanation.strip()]
   if not claims:
@@ -361,7 +370,9 @@ def _dev_evaluator(explainer: Explainer, claims: Sequence[Claim],
     if reward_model is not None:
       agree = _agreement(reward_model, jnp.asarray(ids), jnp.asarray(mask),
                          jnp.asarray(labels))
-      yield "classifier_agreement", float(np.mean(distributed.to_host(agree)))
+      agree = np.asarray(distributed.to_host(agree))
+      yield "classifier_agreement", float(np.mean(agree))
+      yield from agreement_by_label(agree, labels).items()
 
   return run
 
