@@ -180,6 +180,19 @@ def test_starting_from_the_nll_checkpoint_is_training_from_scratch(stage_run, tm
                                       log=lambda _: None)
 
 
+def test_small_generators_share_a_checkpoint_where_the_reward_starts(tmp_path):
+  """On the small world the rewarded generator must find the NLL one's checkpoint at the
+  reward's start step (else it would train every step again), and the two configs may
+  differ in the classifier only (start_from_nll_run's condition)."""
+  rewarded = stage.generator_config("small", str(tmp_path), 0, "classifier")
+  plain = stage.generator_config("small", str(tmp_path), 0, "")
+  start = rewarded.explain.sc_start_step
+  assert 0 < start < rewarded.total_steps and start % rewarded.checkpoint_every == 0
+  assert rewarded.explain.sc_weight > 0
+  rewarded.explain.classifier = ""
+  assert rewarded.to_dict() == plain.to_dict()
+
+
 def test_agreement():
   probabilities = np.array([[0.8, 0.1, 0.1], [0.2, 0.7, 0.1], [0.1, 0.1, 0.8]])
   assert stage.agreement(probabilities, [0, 1, 0]) == pytest.approx(2 / 3)
