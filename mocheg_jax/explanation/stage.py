@@ -94,8 +94,8 @@ def generator_config(scale: str, workdir: str, seed: int, classifier_dir: str = 
     # A checkpoint where the reward term starts: the rewarded generator starts from it.
     config.checkpoint_every = config.explain.sc_start_step = TINY_STEPS["sc_start_step"]
   elif scale == "small":
-    # configs/explain.py:small's 1,500 steps take about three hours on 2 CPU cores; the main
-    # job stops at 950 (NLL ~6.5 s a step, with the reward term ~15 s).
+    # configs/explain.py:small's 1,500 steps (700 with the reward term) take over four hours
+    # on 2 CPU cores; the main job stops at 950 (NLL ~6.5 s a step, with the term ~15 s).
     config.total_steps = SMALL_STEPS["generator"]
     # A checkpoint at the reward's start step: the rewarded generator starts from it.
     config.eval_every = config.checkpoint_every = SMALL_STEPS["sc_start_step"] // 2
