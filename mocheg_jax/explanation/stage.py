@@ -64,9 +64,10 @@ OUTPUTS = (EXPLANATIONS_DIR, table5.TABLE_JSON, table5.TABLE_MD)
 # configs/*.py:tiny (which are for a standalone run) and one evaluation, at the end; the
 # reward term still switches on for the last steps.
 TINY_STEPS = {"classifier": 40, "generator": 30, "sc_start_step": 20}
-# The small run: 800 NLL steps, then 150 with the reward term (configs/explain.py:small). At
-# 400 NLL steps the generator could not yet state a claim's names and the term did not help.
-SMALL_STEPS = {"generator": 950, "sc_start_step": 800}
+# The small run: configs/explain.py:small's reward term starts at step 800, so 800 NLL steps
+# then 150 with it. At 400 NLL steps the generator could not yet state a claim's names and
+# the term did not help.
+SMALL_STEPS = {"generator": 950}
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -98,8 +99,7 @@ def generator_config(scale: str, workdir: str, seed: int, classifier_dir: str = 
     # on 2 CPU cores; the main job stops at 950 (NLL ~6.5 s a step, with the term ~15 s).
     config.total_steps = SMALL_STEPS["generator"]
     # A checkpoint at the reward's start step: the rewarded generator starts from it.
-    config.eval_every = config.checkpoint_every = SMALL_STEPS["sc_start_step"] // 2
-    config.explain.sc_start_step = SMALL_STEPS["sc_start_step"]
+    config.eval_every = config.checkpoint_every = config.explain.sc_start_step // 2
   return configs.apply_overrides(config, "explain", overrides)
 
 
