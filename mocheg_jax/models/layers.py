@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd
 
+from mocheg_jax.models import matmul
 from mocheg_jax.parallel import rules as rules_lib
 
 Axes = tuple[str | None, ...]
@@ -71,9 +72,7 @@ class Dense(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.kernel[...]
     dtype = self.dtype or jnp.result_type(x, kernel)
-    n = len(self.in_shape)
-    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
-                            ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())))
+    y = matmul.contract(x.astype(dtype), kernel.astype(dtype), len(self.in_shape))
     if self.bias is not None:
       y = y + self.bias[...].astype(dtype)
     return y
@@ -115,7 +114,7 @@ class Embed(nnx.Module):
     # One 2-D matmul over the flattened leading axes: XLA:CPU runs the weight gradient of a
     # dot with two free axes far slower (bench_bart_train: BART-base head 2.5-3.0 -> 1.6 CPU-s).
     flat = x.reshape(-1, x.shape[-1]).astype(dtype)
-    return (flat @ table.astype(dtype).T).reshape(*x.shape[:-1], table.shape[0])
+    return matmul.matmul_t(flat, table.astype(dtype)).reshape(*x.shape[:-1], table.shape[0])
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -80,12 +80,15 @@ def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransfor
     key = jax.random.fold_in(rng, state.step)
     (loss, metrics), grads = gradients(state, batch, key, constants)
     grad_norm = optax.global_norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep_if_finite = lambda new, old: jnp.where(finite, new, old)
-    params = jax.tree.map(keep_if_finite, params, state.params)
-    opt_state = jax.tree.map(keep_if_finite, opt_state, state.opt_state)
+
+    def update(operands):
+      params, opt_state = operands
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
+    params, opt_state = jax.lax.cond(finite, update, lambda operands: operands,
+                                     (state.params, state.opt_state))
     first_bad = jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step,
                           state.first_nonfinite_step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,

@@ -1,0 +1,106 @@
+"""x @ W for the dense layers, with a weight gradient XLA:CPU runs on its fast dot kernels.
+
+The gradient of W is x^T g: a dot contracting x's leading (token) axis. XLA:CPU folds the
+transpose into the dot's dimension numbers, and its fast kernels (YNNPACK, in jaxlib 0.10)
+take only dots whose left operand contracts its last axis; the rest fall back to a generic
+dot that is ~3x slower. In a BART training step those weight gradients were ~20% of the
+step (a profile of benchmarks/bench_bart_train.py). Here the backward pass materialises x^T
+behind an optimization barrier, so the dot is canonical and takes the fast path; the copy
+is small next to the dot. Other backends (GPU, TPU) take transposed operands natively, so
+there the plain dot is used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
+  return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())))
+
+
+def _dot_t(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [M, K] @ w^T for w [N, K]."""
+  return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+
+
+def _materialised_t(x: jax.Array) -> jax.Array:
+  """x^T as its own array. The inner barrier keeps x's producer (an activation) from being
+  recomputed inside the transpose; the outer one keeps XLA from folding the transpose into
+  the dot that reads it."""
+  return jax.lax.optimization_barrier(jax.lax.optimization_barrier(x).T)
+
+
+def _weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
+  """x^T g [K, N] from canonical dots, transposing the smaller side: x [M, K] when K <= N,
+  else g [M, N] and the [N, K] result ((g^T x)^T). A wide x is usually an activation that
+  XLA would recompute inside the transpose (GELU's erf: ~3x the plain copy)."""
+  k, n = x.shape[1], g.shape[1]
+  if k <= n:
+    return _dot(_materialised_t(x), g)
+  return _materialised_t(_dot(_materialised_t(g), x))
+
+
+@jax.custom_vjp
+def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  return _dot(x, w)
+
+
+def _matmul_forward(x, w):
+  return _dot(x, w), (x, w)
+
+
+def _matmul_backward(residuals, g):
+  x, w = residuals
+  return _dot_t(g, w), _weight_grad(x, g)  # g W^T as autodiff writes it; x^T g canonical.
+
+
+_matmul.defvjp(_matmul_forward, _matmul_backward)
+
+
+@jax.custom_vjp
+def _matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
+  return _dot_t(x, w)
+
+
+def _matmul_t_forward(x, w):
+  return _dot_t(x, w), (x, w)
+
+
+def _matmul_t_backward(residuals, g):
+  x, w = residuals
+  # d w = g^T x = (x^T g)^T: the canonical dot, then its [K, N] result transposed (smaller
+  # than g for a vocabulary projection).
+  return _dot(g, w), jax.lax.optimization_barrier(_weight_grad(x, g)).T
+
+
+_matmul_t.defvjp(_matmul_t_forward, _matmul_t_backward)
+
+
+def _on_cpu() -> bool:
+  return jax.default_backend() == "cpu"
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [M, K] @ w [K, N] -> [M, N], differentiable in both."""
+  return _matmul(x, w) if _on_cpu() else _dot(x, w)
+
+
+def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [M, K] @ w^T for w [N, K] (a tied output embedding) -> [M, N]."""
+  return _matmul_t(x, w) if _on_cpu() else _dot_t(x, w)
+
+
+def contract(x: jax.Array, w: jax.Array, n: int) -> jax.Array:
+  """Contracts the last `n` axes of x with the first `n` of w: [..., *in] x [*in, *out].
+
+  Flattened to one 2-D `matmul` (the leading axes and the in / out axes merge without a
+  copy), so every dense layer's weight gradient takes the fast path above.
+  """
+  lead, inner, out = x.shape[:x.ndim - n], w.shape[:n], w.shape[n:]
+  k = math.prod(inner)
+  y = matmul(jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1)))
+  return jnp.reshape(y, lead + out)

@@ -1,0 +1,93 @@
+"""models/matmul.py: the dense layers' matmul and its hand-written gradient.
+
+The gradient must equal autodiff's of the plain dot, whichever operand it transposes, and on
+CPU every dot XLA compiles for it must contract its left operand's last axis (the shape its
+fast kernels take: the reason the module exists).
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mocheg_jax.models import matmul
+from tests import processes
+
+RTOL, ATOL = 1e-5, 1e-5  # float32 dots of length <= 48, summed in another order.
+
+
+def _arrays(*shapes, seed=0):
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes]
+
+
+def _loss(fn, cotangent):
+  return lambda x, w: jnp.sum(fn(x, w) * cotangent)
+
+
+@pytest.mark.parametrize("k, n", [(12, 40), (40, 12)])  # x transposed / g transposed.
+def test_matmul_gradients_match_autodiff(k, n):
+  x, w, g = _arrays((48, k), (k, n), (48, n))
+  ours = jax.grad(_loss(matmul.matmul, g), argnums=(0, 1))(x, w)
+  plain = jax.grad(_loss(jnp.matmul, g), argnums=(0, 1))(x, w)
+  np.testing.assert_allclose(matmul.matmul(x, w), x @ w, rtol=RTOL, atol=ATOL)
+  for a, b in zip(ours, plain):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_matmul_t_gradients_match_autodiff():
+  x, table, g = _arrays((48, 16), (96, 16), (48, 96))
+  ours = jax.grad(_loss(matmul.matmul_t, g), argnums=(0, 1))(x, table)
+  plain = jax.grad(_loss(lambda a, b: a @ b.T, g), argnums=(0, 1))(x, table)
+  for a, b in zip(ours, plain):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_contract_keeps_multi_axis_shapes_and_gradients():
+  # [batch, length, heads, kv] x [heads, kv, embed]: an attention output projection.
+  x, w, g = _arrays((2, 5, 3, 4), (3, 4, 8), (2, 5, 8))
+  y = matmul.contract(x, w, 2)
+  assert y.shape == (2, 5, 8)
+  expected = jnp.einsum("blhd,hde->ble", x, w)
+  np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+  ours = jax.grad(_loss(lambda a, b: matmul.contract(a, b, 2), g), argnums=(0, 1))(x, w)
+  plain = jax.grad(_loss(lambda a, b: jnp.einsum("blhd,hde->ble", a, b), g),
+                   argnums=(0, 1))(x, w)
+  for a, b in zip(ours, plain):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+# Run where XLA compiles as a training run does: the suite's XLA_FLAGS lower the backend
+# optimisation level (tests/processes.py), which changes which transposes reach the dots.
+_DOT_DIMS = """
+import json, re, sys
+import jax, jax.numpy as jnp
+from mocheg_jax.models import matmul
+from tests import processes
+k, n = int(sys.argv[1]), int(sys.argv[2])
+x, w, g = jnp.ones((128, k)), jnp.ones((k, n)), jnp.ones((128, n))
+out = {}
+for name, fn in (("ours", matmul.matmul), ("plain", jnp.matmul)):
+  # The cotangent is an argument, as in a train step (a constant could be folded).
+  grad = jax.jit(lambda x, w, g: jax.grad(lambda x, w: jnp.sum(fn(x, w) * g),
+                                          argnums=(0, 1))(x, w))
+  hlo = grad.lower(x, w, g).compile().as_text()
+  out[name] = re.findall(r"lhs_contracting_dims=\\{(\\d+)\\}", hlo)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU dot path")
+@pytest.mark.parametrize("k, n", [(64, 256), (256, 64)])  # x transposed / g transposed.
+def test_compiled_gradient_dots_contract_the_last_axis_of_their_left_operand(k, n):
+  env = {**processes.script_environment(), "XLA_FLAGS": ""}
+  done = subprocess.run([sys.executable, "-c", _DOT_DIMS, str(k), str(n)], env=env,
+                        capture_output=True, text=True, timeout=300, check=True)
+  dims = json.loads(done.stdout.strip().splitlines()[-1])
+  assert len(dims["ours"]) >= 2, dims  # The input gradient and the weight gradient at least.
+  assert set(dims["ours"]) == {"1"}, dims
+  assert "0" in dims["plain"], dims  # The plain dot's weight gradient: what this avoids.
