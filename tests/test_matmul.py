@@ -61,6 +61,22 @@ def test_contract_keeps_multi_axis_shapes_and_gradients():
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
+def test_other_backends_take_the_plain_dots_with_the_same_results(monkeypatch):
+  x, w, table, g, gt = _arrays((2, 5, 3, 4), (3, 4, 8), (7, 8), (2, 5, 8), (10, 7))
+
+  def outputs_and_grads():
+    dense = jax.grad(_loss(lambda a, b: matmul.contract(a, b, 2), g), argnums=(0, 1))(x, w)
+    head = jax.grad(_loss(matmul.matmul_t, gt), argnums=(0, 1))(x.reshape(10, 12)[:, :8],
+                                                                 table)
+    return matmul.contract(x, w, 2), dense, head
+
+  on_cpu = outputs_and_grads()
+  monkeypatch.setattr(matmul, "_on_cpu", lambda: False)
+  elsewhere = outputs_and_grads()
+  for a, b in zip(jax.tree.leaves(on_cpu), jax.tree.leaves(elsewhere)):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
 # Run where XLA compiles as a training run does: the suite's XLA_FLAGS lower the backend
 # optimisation level (tests/processes.py), which changes which transposes reach the dots.
 _DOT_DIMS = """

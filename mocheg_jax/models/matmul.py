@@ -4,10 +4,10 @@ The gradient of W is x^T g: a dot contracting x's leading (token) axis. XLA:CPU 
 transpose into the dot's dimension numbers, and its fast kernels (YNNPACK, in jaxlib 0.10)
 take only dots whose left operand contracts its last axis; the rest fall back to a generic
 dot that is ~3x slower. In a BART training step those weight gradients were ~20% of the
-step (a profile of benchmarks/bench_bart_train.py). Here the backward pass materialises x^T
-behind an optimization barrier, so the dot is canonical and takes the fast path; the copy
-is small next to the dot. Other backends (GPU, TPU) take transposed operands natively, so
-there the plain dot is used.
+step (a profile of benchmarks/bench_bart_train.py). Here the backward pass materialises the
+transpose of the smaller operand behind optimization barriers, so every dot is canonical and
+takes the fast path; the copy is small next to the dot. Other backends (GPU, TPU) take
+transposed operands natively, so there the plain dot is used.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def _dot_t(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _materialised_t(x: jax.Array) -> jax.Array:
-  """x^T as its own array. The inner barrier keeps x's producer (an activation) from being
-  recomputed inside the transpose; the outer one keeps XLA from folding the transpose into
-  the dot that reads it."""
+  """x^T as its own array: the barriers keep XLA from folding the transpose into the dot
+  that produced x (inner) or into the dot that reads it (outer), either of which would make
+  that dot non-canonical again."""
   return jax.lax.optimization_barrier(jax.lax.optimization_barrier(x).T)
 
 
@@ -72,9 +72,9 @@ def _matmul_t_forward(x, w):
 
 def _matmul_t_backward(residuals, g):
   x, w = residuals
-  # d w = g^T x = (x^T g)^T: the canonical dot, then its [K, N] result transposed (smaller
+  # d w = g^T x = (x^T g)^T: the canonical dots, then the [K, N] result transposed (smaller
   # than g for a vocabulary projection).
-  return _dot(g, w), jax.lax.optimization_barrier(_weight_grad(x, g)).T
+  return _dot(g, w), _materialised_t(_weight_grad(x, g))
 
 
 _matmul_t.defvjp(_matmul_t_forward, _matmul_t_backward)
@@ -97,10 +97,14 @@ def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
 def contract(x: jax.Array, w: jax.Array, n: int) -> jax.Array:
   """Contracts the last `n` axes of x with the first `n` of w: [..., *in] x [*in, *out].
 
-  Flattened to one 2-D `matmul` (the leading axes and the in / out axes merge without a
-  copy), so every dense layer's weight gradient takes the fast path above.
+  On CPU flattened to one 2-D `matmul` (the leading axes and the in / out axes merge without
+  a copy), so every dense layer's weight gradient takes the fast path above; elsewhere one
+  dot_general over the axes as they are (no reshape for the sharding to see).
   """
+  if not _on_cpu():
+    return jax.lax.dot_general(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))),
+                                      ((), ())))
   lead, inner, out = x.shape[:x.ndim - n], w.shape[:n], w.shape[n:]
   k = math.prod(inner)
-  y = matmul(jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1)))
+  y = _matmul(jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1)))
   return jnp.reshape(y, lead + out)
