@@ -36,8 +36,9 @@ def _materialised_t(x: jax.Array) -> jax.Array:
 
 def _weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
   """x^T g [K, N] from canonical dots, transposing the smaller side: x [M, K] when K <= N,
-  else g [M, N] and the [N, K] result ((g^T x)^T). A wide x is usually an activation that
-  XLA would recompute inside the transpose (GELU's erf: ~3x the plain copy)."""
+  else g [M, N] and the [N, K] result ((g^T x)^T; for a vocabulary projection the result is
+  far smaller than g). A wide x is usually an activation that XLA would recompute inside
+  the transpose (GELU's erf: ~3x the plain copy)."""
   k, n = x.shape[1], g.shape[1]
   if k <= n:
     return _dot(_materialised_t(x), g)
@@ -72,9 +73,7 @@ def _matmul_t_forward(x, w):
 
 def _matmul_t_backward(residuals, g):
   x, w = residuals
-  # d w = g^T x = (x^T g)^T: the canonical dots, then the [K, N] result transposed (smaller
-  # than g for a vocabulary projection).
-  return _dot(g, w), _materialised_t(_weight_grad(x, g))
+  return _dot(g, w), _weight_grad(g, x)  # d w = g^T x [N, K].
 
 
 _matmul_t.defvjp(_matmul_t_forward, _matmul_t_backward)
