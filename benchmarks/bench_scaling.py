@@ -211,9 +211,9 @@ def main(argv: list[str]) -> None:
   _check_flags()
   import jax
 
-  repeats, seed, size = bart_train._REPEATS.value, bart_train._SEED.value, bart_train._SIZES.value[0]
-  batch, source = bart_train._BATCH.value, bart_train._SOURCE.value
-  target = bart_train._TARGET.value
+  repeats, seed = bart_train._REPEATS.value, bart_train._SEED.value
+  size, batch = bart_train._SIZES.value[0], bart_train._BATCH.value
+  source, target = bart_train._SOURCE.value, bart_train._TARGET.value
   load_before = os.getloadavg()
   output: dict[str, Any] = dict(benchmark="scaling", date=time.strftime("%Y-%m-%d %H:%M"),
                                 repeats=repeats, seed=seed, size=size,
