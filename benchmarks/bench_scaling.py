@@ -189,15 +189,19 @@ def _lengths(values: list[str]) -> list[tuple[int, int]]:
   return [tuple(_ints("train_lengths", p)) for p in pairs]
 
 
-def _check_flags() -> None:
+def _parsed_flags() -> dict[str, Any]:
+  """Every sweep flag checked before any part runs (a typo fails at once, not after the
+  search part's minutes)."""
   unknown = sorted(set(_PARTS.value) - set(PARTS))
   if unknown:
     sys.exit(f"unknown --parts {unknown}; expected some of {list(PARTS)}")
-  if _SEARCH_ROWS.value and "search" in _PARTS.value:
-    _ints("search_rows", _SEARCH_ROWS.value)
   if bart_train._SIZES.value[0] not in bart_train.SIZES:
     sys.exit(f"unknown --sizes {bart_train._SIZES.value}; expected one of "
              f"{sorted(bart_train.SIZES)}")
+  return dict(search_rows=_ints("search_rows", _SEARCH_ROWS.value),
+              train_batches=_ints("train_batches", _TRAIN_BATCHES.value),
+              train_lengths=_lengths(_TRAIN_LENGTHS.value),
+              decode_lengths=_ints("decode_lengths", _DECODE_LENGTHS.value))
 
 
 def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
@@ -208,7 +212,7 @@ def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 def main(argv: list[str]) -> None:
   del argv
-  _check_flags()
+  sweeps = _parsed_flags()
   import jax
 
   repeats, seed = bart_train._REPEATS.value, bart_train._SEED.value
@@ -221,13 +225,13 @@ def main(argv: list[str]) -> None:
                                 platform=jax.devices()[0].platform,
                                 machine=platform.platform(), jax=jax.__version__)
   if "search" in _PARTS.value:
-    output["search"] = search_part(_ints("search_rows", _SEARCH_ROWS.value), repeats, seed)
+    output["search"] = search_part(sweeps["search_rows"], repeats, seed)
   if "train" in _PARTS.value:
-    shapes = ([(b, source, target) for b in _ints("train_batches", _TRAIN_BATCHES.value)]
-              + [(batch, s, t) for s, t in _lengths(_TRAIN_LENGTHS.value)])
+    shapes = ([(b, source, target) for b in sweeps["train_batches"]]
+              + [(batch, s, t) for s, t in sweeps["train_lengths"]])
     output["train"] = train_part(size, list(dict.fromkeys(shapes)), repeats, seed)
   if "decode" in _PARTS.value:
-    output["decode"] = decode_part(size, _ints("decode_lengths", _DECODE_LENGTHS.value),
+    output["decode"] = decode_part(size, sweeps["decode_lengths"],
                                    batch, source, repeats, seed)
   output["load_before"], output["load_after"] = load_before, os.getloadavg()
 

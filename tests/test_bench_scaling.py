@@ -53,3 +53,12 @@ def test_bad_flags_exit_with_one_line(tmp_path):
   assert proc.stderr.strip().splitlines() == ["unknown --parts ['warp']; expected some of "
                                               "['search', 'train', 'decode']"]
   assert not (tmp_path / "x.json").exists()
+
+
+def test_a_bad_sweep_value_fails_before_any_part_runs(tmp_path):
+  proc = _run(tmp_path, "--search_rows=1000", "--train_lengths=64:32,128",
+              f"--out={tmp_path / 'x.json'}")
+  assert proc.returncode != 0
+  assert proc.stderr.strip().splitlines() == [
+      "--train_lengths must be source:target pairs, got ['64:32', '128']"]
+  assert "[search]" not in proc.stdout  # Nothing was measured first.
