@@ -18,8 +18,8 @@ r"""How our costs grow with the work (issue 9's scaling table); ours only, no re
    --batch sources of --source_length tokens, each row exactly N new tokens (min_length =
    max_length) for N in --decode_lengths.
 
-Each configuration: one untimed run (compilation, reported apart), then --repeats timed
-runs; the best wall time and the CPU time of that run are kept (wall times on a shared
+Each configuration: one untimed run (it compiles; its time is the JSON's first_s, and the
+train part also records XLA's compile time), then --repeats timed runs; the best wall time and the CPU time of that run are kept (wall times on a shared
 machine are noisy; CPU seconds less so). The flags --sizes, --batch, --source_length,
 --target_length, --repeats, --seed and --out are bench_bart_train.py's (their meaning is
 the same); its torch flags do nothing here. Prints a table per part and writes JSON to
