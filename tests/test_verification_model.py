@@ -22,7 +22,7 @@ from flax import nnx
 from benchmarks.torch_stance import TorchStance as TorchReference
 from benchmarks.torch_stance import to_torch
 from mocheg_jax.models import clip
-from mocheg_jax.verification import baselines, features, vision_top
+from mocheg_jax.verification import baselines, features, stance, vision_top
 from mocheg_jax.verification.stance import (StanceConfig, StanceDetector, class_weights,
                                             weighted_cross_entropy)
 
@@ -378,10 +378,12 @@ def test_word_queries_read_the_claim_ids_not_its_states():
     StanceConfig(**SMALL, use_image=False, image_query="words")
 
 
-def test_image_score_reaches_each_present_item_through_its_own_layer():
+@pytest.mark.parametrize("thresholds", [(), (0.0, 0.5)])
+def test_image_score_reaches_each_present_item_through_its_own_layer(thresholds):
   claims = make_claims(21)
   plain = build(21, item_pool="max")
-  model = build(22, image_score=True, item_pool="max")
+  model = build(22, image_score=True, item_pool="max", score_thresholds=thresholds)
+  assert model.score_fuse.kernel.shape == (max(len(thresholds), 1), SMALL["hidden"])
   nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, score_fuse its own.
   batch = make_batch(claims, seed=5)
   scores = np.random.default_rng(21).uniform(-0.5, 0.5, batch["image_mask"].shape)
@@ -408,6 +410,57 @@ def test_image_score_reaches_each_present_item_through_its_own_layer():
     model(**dict(batch, image_score=batch["image_score"][:, :1]))
   with pytest.raises(ValueError, match="image_score needs use_image"):
     StanceConfig(**SMALL, use_image=False, image_score=True)
+
+
+def test_score_thresholds_give_one_soft_step_per_threshold():
+  cos = jnp.array([-1.0, 0.0, 0.5, 0.9, 0.95, 1.0])
+  np.testing.assert_allclose(stance.score_features(cos), 10.0 * cos[:, None], rtol=1e-6)
+  steps = np.asarray(stance.score_features(cos, (0.0, 0.9)))
+  assert steps.shape == (6, 2)
+  expected = 10.0 / (1.0 + np.exp(-20.0 * (np.asarray(cos)[:, None] - np.array([0.0, 0.9]))))
+  np.testing.assert_allclose(steps, expected, rtol=1e-5, atol=1e-6)
+  assert steps[3, 1] == pytest.approx(5.0)  # Halfway at its threshold,
+  assert steps[0, 0] < 1e-6 and steps[-1, 0] > 10.0 - 1e-6  # flat far from it.
+  with pytest.raises(ValueError, match="score_thresholds needs image_score"):
+    StanceConfig(**SMALL, score_thresholds=(0.9,))
+  for bad in ([0.9], (0.9, float("nan")), ("0.9",)):
+    with pytest.raises(ValueError, match="score_thresholds must be a tuple of finite"):
+      StanceConfig(**SMALL, image_score=True, score_thresholds=bad)
+
+
+def test_score_thresholds_let_the_model_learn_a_cosine_cut_off():
+  """The rule image-fact claims follow (CLIP's claim-image cosine above ~0.9: the picture
+  shows the claimed value) from the image score alone, patches pure noise: with soft steps
+  the verifier's optimizer (Adam, lr 1e-3) learns it in 150 steps."""
+  import optax
+  rng = np.random.default_rng(0)
+  dims = dict(text_dim=8, image_dim=8, hidden=16)
+
+  def draw(n):
+    cos = np.where(rng.random(n) < 0.5, rng.uniform(0.92, 1.0, n), rng.uniform(0.2, 0.85, n))
+    batch = dict(claim=jnp.asarray(rng.normal(size=(n, 3, 8)), jnp.float32),
+                 claim_mask=jnp.ones((n, 3), bool),
+                 image=jnp.asarray(rng.normal(size=(n, 1, 2, 8)), jnp.float32),
+                 image_mask=jnp.ones((n, 1), bool),
+                 image_score=jnp.asarray(cos[:, None], jnp.float32))
+    return batch, jnp.asarray(cos > 0.9, jnp.int32)  # 1 supported, 0 refuted.
+
+  model = StanceDetector(StanceConfig(**dims, use_text=False, image_score=True,
+                                      score_thresholds=(0.0, 0.5, 0.7, 0.8, 0.9, 0.95)),
+                         rngs=nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer, batch, labels):
+    def loss(m):
+      return optax.softmax_cross_entropy_with_integer_labels(m(**batch), labels).mean()
+    optimizer.update(model, nnx.grad(loss)(model))
+
+  for _ in range(150):
+    step(model, optimizer, *draw(64))
+  batch, labels = draw(1000)  # Fresh claims and pictures.
+  accuracy = float((model(**batch).argmax(-1) == labels).mean())
+  assert accuracy > 0.95, accuracy
 
 
 def test_item_context_is_what_an_item_says_beyond_the_claim():

@@ -92,7 +92,8 @@ IMAGE_READ_MODES = ("attention", "pairs", "match")
 ITEM_POOLS = ("mean", "max")
 IMAGE_QUERIES = ("states", "words")
 COSINE_INITIAL_SCALE = 10.0
-SCORE_SCALE = 10.0  # image_score's cosines times this reach the score layer.
+SCORE_SCALE = 10.0  # image_score's cosines (or soft steps of them) times this reach score_fuse.
+SCORE_SHARPNESS = 20.0  # Soft steps of the cosine: 10% -> 90% over +-0.11 around a threshold.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +146,15 @@ class StanceConfig:
   # value; the cross-attention from the claim's tokens has to learn that pairing from the
   # few hundred training claims that need it, and does not.
   image_score: bool = False
+  # How the cosine reaches `score_fuse`: () as one number (times SCORE_SCALE); thresholds
+  # t_1..t_K as K soft steps SCORE_SCALE * sigmoid(SCORE_SHARPNESS * (cos - t_k)) (beyond
+  # the paper; `score_features`). The rule to learn is a threshold near 0.9 (the caption
+  # CLIP of the small world: a picture of the claimed value ~0.95, of another value
+  # 0.2-0.65), and from one number that takes a bias of about -9 x the layer's weight,
+  # which Adam at lr 1e-3 (~1e-3 per step) does not reach in a few hundred steps: the model
+  # memorised training pictures instead (image-fact test claims 30-33 of 49 right over
+  # three seeds; with soft steps 40-42: configs/verify.py).
+  score_thresholds: tuple[float, ...] = ()
   # Beyond the paper: each text item also reads its "context", the mean of its token states
   # scaled by how little any claim token matches them (1 - max cosine), through its own
   # layer (`context_fuse`) added before the activation. Retrieved sentences include the
@@ -180,6 +190,12 @@ class StanceConfig:
                        f"{IMAGE_QUERIES}")
     if self.image_score and not self.use_image:
       raise ValueError("StanceConfig.image_score needs use_image")
+    if not isinstance(self.score_thresholds, tuple) or not all(
+        isinstance(t, (int, float)) and np.isfinite(t) for t in self.score_thresholds):
+      raise ValueError("StanceConfig.score_thresholds must be a tuple of finite numbers, got "
+                       f"{self.score_thresholds!r}")
+    if self.score_thresholds and not self.image_score:
+      raise ValueError("StanceConfig.score_thresholds needs image_score")
     if self.image_query == "words" and not self.use_image:
       raise ValueError("StanceConfig.image_query='words' needs use_image")
     if self.item_pool not in ITEM_POOLS:
@@ -256,7 +272,8 @@ class StanceDetector(nnx.Module):
         if config.image_query == "words" else None)
     self.match_fuse = (layers.Dense(3 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                        if config.token_match else None)
-    self.score_fuse = (layers.Dense(1, config.hidden, (None, "mlp"), **kw)
+    self.score_fuse = (layers.Dense(max(len(config.score_thresholds), 1), config.hidden,
+                                    (None, "mlp"), **kw)
                        if config.image_score else None)
     self.context_fuse = (layers.Dense(config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                          if config.item_context else None)
@@ -357,8 +374,8 @@ class StanceDetector(nnx.Module):
       # Max over the real claim tokens (the reference fills padding with -10000).
       h = jnp.where(claim_mask[:, None, :, None], h, jnp.finfo(h.dtype).min)
       h = h.max(axis=2)  # [B, N, hidden]
-    if score is not None:  # Scaled as CLIP's logits, so the unit-scale layer sees ~[-10, 10].
-      s = (SCORE_SCALE * score.astype(h.dtype))[..., None]
+    if score is not None:
+      s = score_features(score.astype(h.dtype), self.config.score_thresholds)
       h = h + jax.nn.leaky_relu(self.score_fuse(s), self.config.leaky_relu_slope)
     h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0).astype(jnp.float32)
     # Mean or max over the present items; 0 when there are none.
@@ -453,6 +470,16 @@ class StanceDetector(nnx.Module):
                         jnp.where(p_text[:, None], s_text, s_image))
       logits = jnp.where((p_text & p_image)[:, None], logits, single)
     return layers.constrain(logits, ("batch", "classes"))  # [B, C]
+
+
+def score_features(score: jax.Array, thresholds: Sequence[float] = ()) -> jax.Array:
+  """What `score_fuse` reads of claim-image cosines [...]: [..., 1] the cosine itself, or
+  [..., K] one soft step per threshold (StanceConfig.score_thresholds); scaled as CLIP's
+  logits, so the unit-scale layer sees ~[-10, 10]."""
+  if not thresholds:
+    return SCORE_SCALE * score[..., None]
+  steps = jnp.asarray(thresholds, score.dtype)
+  return SCORE_SCALE * jax.nn.sigmoid(SCORE_SHARPNESS * (score[..., None] - steps))
 
 
 def class_weights(counts: Sequence[int] | np.ndarray, p: float = 2.0) -> np.ndarray:

@@ -79,6 +79,9 @@ def verify_config() -> ml_collections.ConfigDict:
   # Beyond the paper: each image also gives the model CLIP's claim-image cosine
   # (stance.StanceConfig.image_score); the store then keeps CLIP's embeddings.
   v.image_score = False
+  # () gives the model that cosine as one number; thresholds give it as soft steps, one per
+  # threshold (stance.StanceConfig.score_thresholds), which it learns a cut-off from.
+  v.score_thresholds = ()
   # Beyond the paper: each text item also reads what it says beyond the claim's words
   # (stance.StanceConfig.item_context), meant to tell a restatement of the claim from
   # support; measured without gain on the small world (README, Table 4 notes).
@@ -246,6 +249,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              pair_dim=v.pair_dim, match_heads=v.match_heads,
                              match_pool=v.match_pool, patches=manifest.patches,
                              image_score=image_score,
+                             score_thresholds=(tuple(float(t) for t in v.score_thresholds)
+                                               if image_score else ()),
                              item_context=bool(v.use_text and v.item_context))
 
 
