@@ -14,6 +14,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 import torch.nn.functional as F
@@ -432,7 +433,6 @@ def test_score_thresholds_let_the_model_learn_a_cosine_cut_off():
   """The rule image-fact claims follow (CLIP's claim-image cosine above ~0.9: the picture
   shows the claimed value) from the image score alone, patches pure noise: with soft steps
   the verifier's optimizer (Adam, lr 1e-3) learns it in 150 steps."""
-  import optax
   rng = np.random.default_rng(0)
   dims = dict(text_dim=8, image_dim=8, hidden=16)
 
