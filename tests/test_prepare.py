@@ -1,5 +1,6 @@
 """data/prepare.py: a tiny world made ready once, reused on rerun; a bad release named."""
 
+import json
 import os
 
 import pytest
@@ -38,3 +39,29 @@ def test_training_data_defaults_to_the_tiny_world(tmp_path):
   config.data.release = str(tmp_path / "missing")
   with pytest.raises(NotADirectoryError, match="missing"):
     prepared_data(config, str(tmp_path / "other"), log=lambda _: None)
+
+
+def test_prepare_refuses_a_folder_holding_another_world(tmp_path):
+  prepare_lib.prepare(str(tmp_path), scale="tiny", seed=0, log=lambda _: None)
+  with open(os.path.join(tmp_path, "release", prepare_lib.WORLD_RECORD)) as f:
+    assert json.load(f) == {"scale": "tiny", "seed": 0}
+  with pytest.raises(ValueError, match=r"seed 0\).*asks for \(scale 'tiny', seed 1\).*"
+                                       r"data.world_seed=0"):
+    prepare_lib.prepare(str(tmp_path), scale="tiny", seed=1, log=lambda _: None)
+  with pytest.raises(ValueError, match="asks for \\(scale 'small', seed 0\\)"):
+    prepare_lib.prepare(str(tmp_path), scale="small", seed=0, log=lambda _: None)
+
+
+def test_world_seed_decouples_the_world_from_the_model_seed(tmp_path):
+  from mocheg_jax.train import config as config_lib
+  from mocheg_jax.train.data import prepared_data
+  config = config_lib.base_config()
+  config.data.dir = str(tmp_path / "data")
+  prepared_data(config, str(tmp_path), log=lambda _: None)  # World seed 0 (the run's seed).
+  config.seed = 1
+  with pytest.raises(ValueError, match="data.world_seed=0"):
+    prepared_data(config, str(tmp_path), log=lambda _: None)
+  config.data.world_seed = 0
+  lines = []
+  prepared_data(config, str(tmp_path), log=lines.append)
+  assert any("synthetic world (tiny, seed 0) reused" in line for line in lines)

@@ -8,6 +8,7 @@ step is done once per folder: a rerun reuses what an earlier one finished.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 from typing import Callable
@@ -18,6 +19,9 @@ from mocheg_jax.data.mocheg import SPLITS, MochegRelease
 from mocheg_jax.data.synthetic import write_world
 
 DONE_MARKER = ".complete"
+# Which synthetic world a release folder holds ({"scale", "seed"}), so that a run asking for
+# another one is stopped instead of silently reading this one.
+WORLD_RECORD = ".world.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,29 @@ def once(path: str, make: Callable[[str], None]) -> bool:
   return True
 
 
+def _write_recorded_world(release: str, scale: str, seed: int) -> None:
+  write_world(release, scale=scale, seed=seed, progress=True)
+  with open(os.path.join(release, WORLD_RECORD), "w") as f:
+    json.dump({"scale": scale, "seed": seed}, f)
+
+
+def _check_world_record(release: str, scale: str, seed: int) -> None:
+  """Raises if `release` holds another synthetic world than (scale, seed).
+
+  Folders made before the record existed carry none and are reused as they are.
+  """
+  path = os.path.join(release, WORLD_RECORD)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    held = json.load(f)
+  if (held.get("scale"), held.get("seed")) != (scale, seed):
+    raise ValueError(
+        f"{release} holds the synthetic world (scale {held.get('scale')!r}, seed "
+        f"{held.get('seed')!r}) but this run asks for (scale {scale!r}, seed {seed}): give "
+        f"another data.dir, or data.world_seed={held.get('seed')} to train on the one there")
+
+
 def corpus_texts(release: MochegRelease):
   """Every text of the release (claims, explanations, evidence, KB sentences)."""
   for split in SPLITS:
@@ -56,7 +83,9 @@ def prepare(out_dir: str, *, release: str | None = None, scale: str = "tiny", se
   os.makedirs(out_dir, exist_ok=True)
   if not release:
     release = os.path.join(out_dir, "release")
-    made = once(release, lambda p: write_world(p, scale=scale, seed=seed, progress=True))
+    made = once(release, lambda p: _write_recorded_world(p, scale, seed))
+    if not made:
+      _check_world_record(release, scale, seed)
     log(f"synthetic world ({scale}, seed {seed}) {'written to' if made else 'reused from'} "
         f"{release}")
   elif not os.path.isdir(release):

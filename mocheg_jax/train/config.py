@@ -43,7 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.release = ""  # A Mocheg release folder; empty: a synthetic world, made on demand,
-  c.data.scale = "tiny"  # of this scale (tiny / small / paper).
+  c.data.scale = "tiny"  # of this scale (tiny / small / paper)
+  c.data.world_seed = -1  # and this seed; -1: the run's `seed`. Fix it to vary only the model.
   c.data.dir = ""  # Where it is prepared; empty: WORKDIR/data. The main job's stages share one.
   c.data.workers = 0  # grain worker processes for the training input.
 
