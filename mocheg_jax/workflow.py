@@ -162,6 +162,7 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
       workdir, scale, seed, log, **stage_inputs))
   summary["retrieval"] = retrieval["rows"]
   summary["retrieval_system_text"] = retrieval["system_text"]
+  summary["retrieval_system_image"] = retrieval["system_image"]
   verification = timed("verification", lambda: verification_stage.run(
       workdir, scale, seed, log, **stage_inputs))
   summary["verification"] = verification["rows"]
@@ -174,7 +175,9 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
   def publish() -> dict:
     manifest_lib.write_manifest(
         workdir, scale=scale, seed=seed, release=summary["release"], moved=moved,
-        settings=manifest_lib.Settings(rerank=retrieval["system_text"]["reranked"]),
+        settings=manifest_lib.Settings(
+            rerank=retrieval["system_text"]["reranked"],
+            image_articles=retrieval["system_image"]["articles"]),
         verifier=verification["system_labels"]["stage"])
     summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
         workdir, release, log))

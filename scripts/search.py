@@ -2,11 +2,13 @@ r"""Searches the KB index for a split's claims; writes a TREC run and the result
 
   python scripts/search.py --index=INDEX_DIR --checkpoint=WORKDIR --split=test --top_k=5 \
       --run=RUN_FILE [--results=RESULT_CSV] [--release=DIR] \
-      [--rerank_checkpoint=WORKDIR --candidates=1000]
+      [--rerank_checkpoint=WORKDIR --candidates=1000] [--text_run=TEXT_RUN --articles=2]
 
 The index must have been built by the same retriever checkpoint (else: an error saying which
 encoder built it). Text: bi-encoder top-`candidates`, reranked by the cross-encoder to
-`top_k` when --rerank_checkpoint is given. Image: top-`top_k`. The result CSV has one row
+`top_k` when --rerank_checkpoint is given. Image: top-`top_k`; with --text_run (a text run
+of the same claims) and --articles=N, the images of the articles of each claim's top N text
+hits come first (mocheg_jax/retrieval/grounding.py). The result CSV has one row
 per claim (text and image columns; the other modality's columns of an existing file are
 kept), read by verification and explanation as system evidence.
 """
@@ -19,6 +21,7 @@ from absl import app
 from absl import flags
 
 from mocheg_jax.data.mocheg import SPLITS
+from mocheg_jax.metrics import trec
 from mocheg_jax.retrieval import system
 from mocheg_jax.train.restore import WHICH, load_trained
 from mocheg_jax.utils.cli import friendly_errors
@@ -37,6 +40,10 @@ _RERANK = flags.DEFINE_string("rerank_checkpoint", None,
                               "A cross-encoder's training workdir (text only).")
 _CANDIDATES = flags.DEFINE_integer("candidates", 1000,
                                    "Bi-encoder candidates per claim for the reranker.")
+_TEXT_RUN = flags.DEFINE_string("text_run", None, "A TREC text run of the same claims to "
+                                "ground an image search on (with --articles).")
+_ARTICLES = flags.DEFINE_integer("articles", 2, "With --text_run: how many of each claim's "
+                                 "best text hits' articles give their images first.")
 
 
 @friendly_errors
@@ -49,13 +56,18 @@ def main(argv: list[str]) -> None:
   index = system.open_index(trained, _INDEX.value)
   rerank = (system.load_reranker(_RERANK.value, index.manifest.kind, release)
             if _RERANK.value else None)
+  if _TEXT_RUN.value and _ARTICLES.value < 1:
+    raise app.UsageError(f"--articles must be >= 1 with --text_run, not {_ARTICLES.value}")
+  ground = (system.Grounding(trec.read_run(_TEXT_RUN.value), _ARTICLES.value)
+            if _TEXT_RUN.value else None)
   run = system.search_claims(trained, index, release, _SPLIT.value, _TOP_K.value,
-                             rerank=rerank, candidates=_CANDIDATES.value)
-  tag = "rerank" if rerank else "dense"
+                             rerank=rerank, candidates=_CANDIDATES.value, ground=ground)
+  tag = "rerank" if rerank else "grounded" if ground else "dense"
   system.write_outputs(run, index.manifest.kind, run_path=_RUN.value,
                        results_path=_RESULTS.value, release_dir=release, tag=tag)
   print(json.dumps({"claims": len(run), "kind": index.manifest.kind, "top_k": _TOP_K.value,
-                    "reranked": bool(rerank), "run": _RUN.value, "results": _RESULTS.value}))
+                    "reranked": bool(rerank), "grounded_articles": ground and ground.articles,
+                    "run": _RUN.value, "results": _RESULTS.value}))
 
 
 if __name__ == "__main__":

@@ -33,13 +33,14 @@ def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
                                 verifier="stages/verify_text")
   (root / "stages" / "verify_text" / CHECKPOINT_DIR).mkdir(parents=True)
   manifest_lib.write_manifest(str(root), scale="tiny", seed=3, verifier="stages/verify_text",
-                              settings=manifest_lib.Settings(text_top_k=7, rerank=False))
+                              settings=manifest_lib.Settings(text_top_k=7, rerank=False,
+                                                             image_articles=2))
   read = manifest_lib.read_manifest(str(root))
   assert read.stages["verifier"] == str(root / "stages" / "verify_text")
   assert read.indexes["image"] == str(root / "index" / "image")
   assert read.release == str(root / "release")
   assert (read.scale, read.seed, read.settings.text_top_k) == ("tiny", 3, 7)
-  assert read.settings.rerank is False
+  assert read.settings.rerank is False and read.settings.image_articles == 2
   assert not (root / "manifest.json.tmp").exists()
 
 
@@ -79,6 +80,7 @@ def test_malformed_manifests_are_refused(tmp_path):
                           (dict(stages={"verifier": "x"}), r"stages lacks \['generator'"),
                           (dict(settings={"text_top_k": 0}), "text_top_k must be >= 1"),
                           (dict(settings={"rerank": 0}), "rerank must be true or false"),
+                          (dict(settings={"image_articles": -1}), "image_articles must be >= 0"),
                           (dict(settings={"top": 1}), "bad settings"),
                           (dict(release="gone"), "the release folder 'gone' is missing")):
     path.write_text(json.dumps({**good, **change}))

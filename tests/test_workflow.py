@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from mocheg_jax import workflow
+from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.retrieval.results import read_results
@@ -42,6 +43,8 @@ def _original_aside(workdir: pathlib.Path):
 
 
 def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
+  from mocheg_jax.retrieval.stage import image_system_name
+
   workdir, summary, text = main_job
   assert "| refuted / supported / NEI |" in text and "KB: " in text
   assert set(summary["batches"]) == {"text_retrieval", "image_retrieval", "verification",
@@ -49,8 +52,10 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   assert summary["batches"]["verification"]["images"] == [4, 2, 64, 64, 3]
   assert sum(summary["splits"][s]["claims"] for s in ("train", "val", "test")) >= 90
   systems = {(r["system"], r["modality"]) for r in summary["retrieval"]}
+  grounded = image_system_name(summary["retrieval_system_image"]["best_grounded"])
   assert systems == {("BM25", "text"), ("SBERT zero-shot", "text"), ("SBERT fine-tuned", "text"),
-                     ("SBERT + rerank", "text"), ("CLIP fine-tuned", "image")}
+                     ("SBERT + rerank", "text"), ("CLIP fine-tuned", "image"),
+                     (grounded, "image")}
   assert "| SBERT + rerank | text | 5 |" in text  # Table 3 printed.
   table4 = {(r["system"], r["evidence"]) for r in summary["verification"]}
   assert table4 == {("Majority", "-"), ("Average similarity", "gold"),
@@ -96,6 +101,8 @@ def _fails_with(proc: subprocess.CompletedProcess, message: str) -> None:
 
 
 def test_search_and_index_scripts(main_job, tmp_path):
+  from mocheg_jax.retrieval import grounding
+
   workdir, _, _ = main_job
   stages, index = workdir / "stages", workdir / "index"
   text, image, rerank = (f"--checkpoint={stages / s}" for s in ("retrieval_text",
@@ -113,9 +120,26 @@ def test_search_and_index_scripts(main_job, tmp_path):
   rows = read_results(results)
   claim = next(iter(rows.values()))
   assert list(claim.text_ids) == [d for d, _ in ranked[str(claim.claim_id)]]
+  # The image index searched with that run as the text evidence to ground on: the images of
+  # the articles of each claim's best 2 text hits come first (scored above 1), and only they.
+  image_run = tmp_path / "image.run"
+  proc = _script("search.py", f"--index={index / 'image'}", image, "--split=test",
+                 "--top_k=4", f"--run={image_run}", f"--text_run={run}", "--articles=2")
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(proc.stdout.strip().splitlines()[-1])["grounded_articles"] == 2
+  grounded = 0
+  for claim, images in trec.read_run(image_run).items():
+    articles = grounding.hit_articles(ranked[claim], 2)
+    for name, score in images:
+      assert (score > 1) == (grounding.image_article(name) in articles), (claim, name)
+      grounded += score > 1
+  assert grounded > 0
 
   # Bad input: another encoder's index, a reranker on images, a missing shard, and an index
-  # that does not hold the release's KB.
+  # that does not hold the release's KB; grounding a text search.
+  _fails_with(_script("search.py", f"--index={index / 'text'}", text, f"--run={run}",
+                      f"--text_run={run}"),
+              "grounding on text evidence ranks images, but the index holds texts")
   _fails_with(_script("search.py", f"--index={index / 'text'}", image, f"--run={run}"),
               "the index was built by another encoder")
   _fails_with(_script("search.py", f"--index={index / 'image'}", image, rerank.replace(
@@ -154,6 +178,25 @@ def _text_run(workdir: pathlib.Path, split: str, reranked: bool) -> dict:
                               candidates=retrieval_stage.RERANK_CANDIDATES)
 
 
+def _claims(workdir: pathlib.Path, split: str) -> list[str]:
+  return [str(c.claim_id) for c in MochegRelease(workdir / "release").claims(split)]
+
+
+def _image_runs(workdir: pathlib.Path, text_run: dict) -> dict:
+  """The val and test claims' top 10 images by the main job's image retriever, for every
+  grounding the retrieval stage tries on `text_run`."""
+  from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.retrieval import system
+  from mocheg_jax.train.restore import load_trained
+
+  image = load_trained(str(workdir / "stages" / "retrieval_image"))
+  index = system.open_index(image, str(workdir / "index" / "image"))
+  return {n: {claim: ranked for split in ("val", "test") for claim, ranked in
+              system.search_claims(image, index, str(workdir / "release"), split, 10,
+                                   ground=system.Grounding(text_run, n)).items()}
+          for n in retrieval_stage.IMAGE_ARTICLES}
+
+
 def _assert_same_run(run: dict, expected: dict) -> None:
   assert sorted(run) == sorted(expected)
   for claim, ranked in run.items():
@@ -184,6 +227,17 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
   _assert_same_run({str(c): list(zip(r.text_ids, r.text_scores)) for c, r in csv_rows.items()},
                    expected)
   assert all(len(r.images) == 10 for r in csv_rows.values())
+  # Its image columns: the ranking chosen on dev among the global CLIP one and those
+  # grounded on the system text evidence (the CSV's own text columns).
+  image_choice = summary["retrieval_system_image"]
+  assert manifest.settings.image_articles == image_choice["articles"]
+  assert f"system image evidence: {retrieval_stage.describe_choice(image_choice)}" in text
+  expected_images = _image_runs(workdir, expected)
+  assert image_choice == retrieval_stage.choose_image_system(
+      {n: {c: expected_images[n][c] for c in _claims(workdir, "val")} for n in expected_images},
+      MochegRelease(workdir / "release").image_qrels("val"))
+  _assert_same_run({str(c): list(zip(r.images, r.image_scores)) for c, r in csv_rows.items()},
+                   expected_images[image_choice["articles"]])
 
   labels = summary["system_labels"]
   trained = {m: load_trained(str(workdir / verification_stage.stage_folder(m)))
@@ -202,7 +256,6 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   import csv
   import dataclasses
 
-  from mocheg_jax.data.mocheg import MochegRelease
   from mocheg_jax.pipeline.fact_checker import FactChecker
   from mocheg_jax.verification.predictions import read_predictions
 
@@ -263,7 +316,6 @@ def test_a_moved_pipeline_folder_checks_claims_alike(main_job, tmp_path):
   """Trained on a cluster, copied elsewhere, the original removed: the copy checks claims
   exactly as the original did (its saved configs, index and feature-store fingerprints name
   the original folder, and are read as naming the copy)."""
-  from mocheg_jax.data.mocheg import MochegRelease
   from mocheg_jax.pipeline.fact_checker import FactChecker
 
   workdir, _, _ = main_job

@@ -9,8 +9,10 @@ For each claim, in one batch per step:
    `text_candidates` sentences, the cross-encoder reorders them, the best `text_top_k` are
    kept (what Table 3's "SBERT + rerank" row scores); without `settings.rerank` (the main
    job found the reranker worse on dev) the bi-encoder's best `text_top_k` are;
-2. image evidence: the image retriever (CLIP) searches the KB images; an image given with
-   the claim is scored by the same CLIP and put first (it is the claim's own picture);
+2. image evidence: the image retriever (CLIP) searches the KB images, those of the
+   articles of the best `image_articles` text hits first when the main job found that
+   better on dev (retrieval/grounding.py); an image given with the claim is scored by the
+   same CLIP and put first (it is the claim's own picture);
 3. verification: the stance model reads the best `verifier_texts` sentences and
    `verifier_images` images (the claim's image first), as the main job's system setting;
 4. explanation: the generator writes a ruling for the predicted label from the best
@@ -47,6 +49,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.explanation import stage as explanation_stage
 from mocheg_jax.models import encoding
 from mocheg_jax.pipeline import manifest as manifest_lib
+from mocheg_jax.retrieval import grounding
 from mocheg_jax.retrieval import rerank as rerank_lib
 from mocheg_jax.retrieval import search as search_lib
 from mocheg_jax.retrieval import system
@@ -69,7 +72,9 @@ class TextEvidence:
 @dataclasses.dataclass(frozen=True)
 class ImageEvidence:
   file: str  # A KB image's file name, or the path of the image given with the claim.
-  score: float  # CLIP cosine between the claim and the image.
+  # CLIP cosine between the claim and the image (+ grounding.GROUNDED_BONUS for an image
+  # of a text evidence's article).
+  score: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +153,8 @@ class FactChecker:
     system.check_index_covers_kb(self._image_index, system.corpus(release, "image"),
                                  manifest.release)
     self._kb_texts = kb.texts
+    self._grounder = (grounding.Grounder(self._image_index) if self.settings.image_articles
+                      else None)
     self._release = release
     self._reranker = (rerank_lib.load_reranker(stages["reranker"], moved=moved)
                       if self.settings.rerank else None)
@@ -188,7 +195,7 @@ class FactChecker:
     if not claims:
       return []
     texts = self._text_evidence(claims)
-    pictures = self._image_evidence(claims, images)
+    pictures = self._image_evidence(claims, images, texts)
     probabilities = self._verify(claims, texts, pictures)
     labels = probabilities.argmax(-1)
     explanations = self._explain(claims, texts, labels)
@@ -213,11 +220,15 @@ class FactChecker:
     return [[TextEvidence(doc, self._kb_texts[doc], float(score)) for doc, score in ranked]
             for ranked in ranked_hits]
 
-  def _image_evidence(self, claims: list[str], images: list[str | None]
-                      ) -> list[list[ImageEvidence]]:
+  def _image_evidence(self, claims: list[str], images: list[str | None],
+                      texts: list[list[TextEvidence]]) -> list[list[ImageEvidence]]:
     encoders, model = self._image.task.inference, self._image.model
     queries = system.normalized(encoders.encode_queries(model, claims))
-    hits = search_lib.search(queries, self._image_index, self.settings.image_top_k)
+    k, articles = self.settings.image_top_k, self.settings.image_articles
+    hits = search_lib.search(queries, self._image_index, k)
+    if articles:
+      hits = [self._grounder(q, [(e.id, e.score) for e in t], h, articles, k)
+              for q, t, h in zip(queries, texts, hits)]
     given = [(i, p) for i, p in enumerate(images) if p is not None]
     own = {}
     if given:

@@ -52,13 +52,18 @@ class Settings:
   # the reranker did worse on dev than the bi-encoder alone (retrieval.stage
   # .choose_text_system), so that the checker reads the evidence the tables scored.
   rerank: bool = True
+  # The image search grounded on the text evidence: the images of the articles of the top
+  # N text hits first (retrieval/grounding.py); 0: the paper's global CLIP ranking. The main
+  # job sets what did best on dev (retrieval.stage.choose_image_system).
+  image_articles: int = 0
 
   def __post_init__(self):
     if not isinstance(self.rerank, bool):
       raise ValueError(f"Settings.rerank must be true or false, got {self.rerank!r}")
     for field in dataclasses.fields(self):
-      if field.name != "rerank" and getattr(self, field.name) < 1:
-        raise ValueError(f"Settings.{field.name} must be >= 1, got "
+      least = {"rerank": False, "image_articles": 0}.get(field.name, 1)
+      if getattr(self, field.name) < least:
+        raise ValueError(f"Settings.{field.name} must be >= {least}, got "
                          f"{getattr(self, field.name)}")
 
 

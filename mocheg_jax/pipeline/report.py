@@ -211,9 +211,10 @@ def _markdown(results: dict, texts: dict[str, str | None]) -> str:
         cells = ", ".join(f"@{k} {100 * r:.2f}" for k, r in zip(curve["k"], curve["recall"]))
         lines.append(f"Recall@K, {modality} ({curve['system']}): {cells}.")
       lines.append("")
-      if results["system_text"]:
-        lines += ["System text evidence (Tables 4 and 5, the fact-checker): "
-                  f"{describe_choice(results['system_text'])}.", ""]
+      for modality in ("text", "image"):
+        if results[f"system_{modality}"]:
+          lines += [f"System {modality} evidence (Tables 4 and 5, the fact-checker): "
+                    f"{describe_choice(results[f'system_{modality}'])}.", ""]
     if key == "table5" and results["explanation_classifier"]:
       scores = results["explanation_classifier"]
       figures = ", ".join(  # "-": a figure that was not a number (null in results.json).
@@ -287,6 +288,7 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
       **rows,
       "explanation_classifier": summary.get("explanation_classifier"),
       "system_text": summary.get("retrieval_system_text"),
+      "system_image": summary.get("retrieval_system_image"),
       "recall_at_k": curves,
       "training": {stage: {"steps": len(t["records"]),
                            "last_step": _last(t["records"], "step"),

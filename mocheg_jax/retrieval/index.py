@@ -442,6 +442,14 @@ class EmbeddingIndex:
       return parts[0]
     return np.concatenate(parts) if parts else np.zeros((0, self.dim), self.dtype)
 
+  def gather(self, rows: Sequence[int]) -> np.ndarray:
+    """The rows at the given positions (any order), as float32."""
+    out = np.zeros((len(rows), self.dim), np.float32)
+    for i, row in enumerate(rows):
+      self._check_range(row, row + 1)
+      out[i] = self.embeddings(row, row + 1)[0]
+    return out
+
   def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
     """Rows [start, stop) copied into `out` (or a new array) with plain file reads.
 

@@ -3,9 +3,13 @@
 Trains the text retriever, the cross-encoder reranker and the image retriever (a random
 CLIP after caption pre-training, caption_task.py) on the prepared world, indexes the KB
 with each, searches for the test claims, and scores them beside a BM25 baseline and the
-zero-shot (not fine-tuned) text encoder. The text evidence in WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for
-the test claims and the dev claims) is the reranked run or the bi-encoder's, whichever did
-better on dev (`choose_text_system`); runs/text.run is always the reranked test run.
+zero-shot (not fine-tuned) text encoder. The text evidence in
+WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for the test
+claims and the dev claims) is the reranked run or the bi-encoder's, whichever did better on
+dev (`choose_text_system`); runs/text.run is always the reranked test run. The image
+evidence there and in runs/image.run is the global CLIP ranking or one grounded on the
+system text evidence's articles (grounding.py), whichever did better on dev
+(`choose_image_system`); Table 3 shows both.
 Everything lands under WORKDIR and is reused on a rerun: a finished training is not
 repeated (the trainer resumes to its last step), an index is complete or resumed, runs are
 rewritten.
@@ -21,6 +25,7 @@ from typing import Callable
 import ml_collections
 
 from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.metrics import retrieval as retrieval_metrics
 from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import bm25 as bm25_lib
 from mocheg_jax.retrieval import image_task
@@ -38,6 +43,10 @@ DEV_SPLIT = text_task.DEV_SPLIT
 TOP_K = 10  # Runs keep 10 per claim: Table 3 reports K = 5 and 10.
 RERANK_CANDIDATES = 100  # Bi-encoder candidates the cross-encoder reorders (1000 on the paper).
 BI_ENCODER, RERANKED = "SBERT fine-tuned", "SBERT + rerank"  # Table 3's rows of the two.
+CLIP = "CLIP fine-tuned"  # Table 3's row of the paper's image ranking.
+# Groundings of the image search on the system text evidence tried (grounding.py: the
+# images of the articles of a claim's top N text hits first); 0 is the paper's ranking.
+IMAGE_ARTICLES = (0, 1, 2, 3, 4, 5)
 # What the evaluation writes (relative to WORKDIR): a rerun reuses it while these are intact.
 OUTPUTS = ("index/text_zero_shot", "index/text", "index/image", "runs/text.run",
            "runs/image.run", "runs/retrieval_results.csv", "table3.json", "table3.md",
@@ -83,11 +92,13 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
               "zero_shot": text_config.to_dict(), "release": release_dir,
               "release_files": evaluations.folder_sizes(release_dir),
               "settings": {"split": SPLIT, "top_k": TOP_K, "candidates": RERANK_CANDIDATES,
-                           "system_text": "best on dev", "results_splits": [DEV_SPLIT, SPLIT]}}
+                           "system_text": "best on dev", "results_splits": [DEV_SPLIT, SPLIT],
+                           "system_image": {"best on dev of articles": list(IMAGE_ARTICLES)}}}
     out = evaluations.reuse(workdir, "retrieval", inputs, OUTPUTS, lambda: _evaluate(
         workdir, text_dir, rerank_dir, image_dir, text_config, release_dir), log)
     log("\nTable 3 (test split, synthetic world):\n" + out["table"])
     log(f"system text evidence: {describe_choice(out['system_text'])}")
+    log(f"system image evidence: {describe_choice(out['system_image'])}")
     return out
 
   # The trainings above are collective; the rest is process 0's alone.
@@ -141,19 +152,28 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
 
   image = load_trained(image_dir)
   image_index_dir = os.path.join(workdir, "index", "image")
-  image_run = _dense_run(image, image_index_dir, release_dir)
-  dev_images = system.search_claims(image, system.open_index(image, image_index_dir),
-                                    release_dir, DEV_SPLIT, TOP_K)
-  system.write_outputs(image_run, "image", run_path=os.path.join(runs_dir, "image.run"),
+  system.build_index(image, release_dir, image_index_dir, progress=True)
+  image_index = system.open_index(image, image_index_dir)
+  system_text = {DEV_SPLIT: dev_text, SPLIT: reranked if choice["reranked"] else text_run}
+  # Every grounding (0: the paper's global CLIP ranking) for both splits; dev chooses.
+  image_runs = {n: {split: system.search_claims(
+      image, image_index, release_dir, split, TOP_K,
+      ground=system.Grounding(system_text[split], n)) for split in (DEV_SPLIT, SPLIT)}
+      for n in IMAGE_ARTICLES}
+  image_choice = choose_image_system({n: r[DEV_SPLIT] for n, r in image_runs.items()},
+                                     reader.image_qrels(DEV_SPLIT))
+  chosen = image_runs[image_choice["articles"]]
+  system.write_outputs(chosen[SPLIT], "image", run_path=os.path.join(runs_dir, "image.run"),
                        results_path=None, release_dir=release_dir, tag="clip")
-  system.write_outputs({**dev_images, **image_run}, "image", run_path=None,
+  system.write_outputs({**chosen[DEV_SPLIT], **chosen[SPLIT]}, "image", run_path=None,
                        results_path=results_csv, release_dir=release_dir, tag="clip")
   images = system.corpus(reader, "image")
-  rows.extend(table3.table3_rows(
-      "CLIP fine-tuned", {"image": image_run}, qrels,
-      semantic={"image": lambda items: image.task.inference.encode_documents(image.model,
-                                                                             items)},
-      texts={"image": dict(zip(images.ids, images.items))}, claim_ids=claim_ids))
+  for n in (0, image_choice["best_grounded"]):
+    rows.extend(table3.table3_rows(
+        image_system_name(n), {"image": image_runs[n][SPLIT]}, qrels,
+        semantic={"image": lambda items: image.task.inference.encode_documents(image.model,
+                                                                               items)},
+        texts={"image": dict(zip(images.ids, images.items))}, claim_ids=claim_ids))
 
   markdown = table3.format_table(rows)
   table3.write_rows(os.path.join(workdir, "table3.json"), rows)
@@ -161,8 +181,8 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
     f.write(markdown + "\n")
   with open(os.path.join(workdir, "retrieval_summary.json"), "w") as f:
     json.dump({"text_step": text.step, "image_step": image.step, "results": results_csv,
-               "system_text": choice}, f)
-  return {"rows": rows, "table": markdown, "system_text": choice}
+               "system_text": choice, "system_image": image_choice}, f)
+  return {"rows": rows, "table": markdown, "system_text": choice, "system_image": image_choice}
 
 
 def choose_text_system(text_dir: str, rerank_dir: str) -> dict:
@@ -186,6 +206,28 @@ def choose_text_system(text_dir: str, rerank_dir: str) -> dict:
   reranked = metric is None or cross[1] >= bi[1]
   return {"reranked": reranked, "system": RERANKED if reranked else BI_ENCODER,
           "metric": metric, "dev": {BI_ENCODER: bi and bi[1], RERANKED: cross and cross[1]}}
+
+
+def image_system_name(articles: int) -> str:
+  return CLIP if articles == 0 else f"CLIP + text articles (top {articles})"
+
+
+def choose_image_system(dev_runs: dict[int, system.Run], dev_qrels: dict) -> dict:
+  """Which image ranking the later stages read as system evidence and the fact-checker uses:
+  the paper's global CLIP ranking (0) or one grounded on the text evidence's top N articles
+  (grounding.py), whichever has the best recall@5 on the dev claims (ties: the smaller N).
+
+  Returns {"articles": the chosen N, "system": its Table 3 row, "best_grounded": the best
+  N > 0, "metric": "dev/recall@5", "dev": {row: value}}.
+  """
+  qrels = {str(k): v for k, v in dev_qrels.items()}
+  dev = {n: retrieval_metrics.evaluate_run(qrels, run, ks=(5,))["R@5"]
+         for n, run in dev_runs.items()}
+  best = lambda ns: max(ns, key=lambda n: (dev[n], -n))
+  articles = best(dev)
+  return {"articles": articles, "system": image_system_name(articles),
+          "best_grounded": best([n for n in dev if n > 0]), "metric": "dev/recall@5",
+          "dev": {image_system_name(n): value for n, value in dev.items()}}
 
 
 def describe_choice(choice: dict) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.metrics import trec
+from mocheg_jax.retrieval import grounding as grounding_lib
 from mocheg_jax.retrieval import index as index_lib
 from mocheg_jax.retrieval import results as results_lib
 from mocheg_jax.retrieval import search as search_lib
@@ -115,14 +116,23 @@ def check_index_covers_kb(index: index_lib.EmbeddingIndex, kb: Corpus, release_d
         f"items are not indexed (e.g. {example}); was it built from another release?")
 
 
+@dataclasses.dataclass(frozen=True)
+class Grounding:
+  """Image search grounded on text evidence (grounding.py): the images of the articles of
+  each claim's top `articles` hits in `text_run` come first."""
+  text_run: Run
+  articles: int
+
+
 def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
                   split: str, k: int,
                   rerank: Callable[[list[str], Run], Run] | None = None,
-                  candidates: int = 1000) -> Run:
+                  candidates: int = 1000, ground: Grounding | None = None) -> Run:
   """claim_id -> [(doc id, score)] best first, for every claim of `split`.
 
   With `rerank(claims, run)`, the dense search returns `candidates` per claim and the
-  reranker's order is cut to `k`.
+  reranker's order is cut to `k`. With `ground` (an image index only), the images of the
+  articles the claim's text evidence came from are ranked first (grounding.py).
   """
   encoders = _encoders(trained)
   release = MochegRelease(release_dir)
@@ -136,7 +146,21 @@ def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir
   run = {str(c.claim_id): h for c, h in zip(claims, hits)}
   if rerank is not None:
     run = {q: ranked[:k] for q, ranked in rerank([c.claim for c in claims], run).items()}
+  if ground is not None and ground.articles > 0:
+    run = _grounded(run, {str(c.claim_id): q for c, q in zip(claims, queries)}, index,
+                    ground, k)
   return run
+
+
+def _grounded(run: Run, queries: dict[str, np.ndarray], index: index_lib.EmbeddingIndex,
+              ground: Grounding, k: int) -> Run:
+  grounder = grounding_lib.Grounder(index)
+  missing = sorted(set(queries) - set(ground.text_run), key=int)
+  if missing:
+    raise MochegInputError(f"claim {missing[0]}: no text evidence to ground its image search "
+                           f"on (the text run lacks {len(missing)} of the claims)")
+  return {claim: grounder(query, ground.text_run[claim], run[claim], ground.articles, k)
+          for claim, query in queries.items()}
 
 
 def load_reranker(workdir: str, kind: str, release_dir: str, moved: paths.Moved = None
