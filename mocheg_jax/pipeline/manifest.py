@@ -61,7 +61,9 @@ class Settings:
     if not isinstance(self.rerank, bool):
       raise ValueError(f"Settings.rerank must be true or false, got {self.rerank!r}")
     for field in dataclasses.fields(self):
-      least = {"rerank": False, "image_articles": 0}.get(field.name, 1)
+      if field.name == "rerank":
+        continue
+      least = 0 if field.name == "image_articles" else 1
       if getattr(self, field.name) < least:
         raise ValueError(f"Settings.{field.name} must be >= {least}, got "
                          f"{getattr(self, field.name)}")

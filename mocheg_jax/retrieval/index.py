@@ -446,8 +446,7 @@ class EmbeddingIndex:
     """The rows at the given positions (any order), as float32."""
     out = np.zeros((len(rows), self.dim), np.float32)
     for i, row in enumerate(rows):
-      self._check_range(row, row + 1)
-      out[i] = self.embeddings(row, row + 1)[0]
+      out[i] = self.embeddings(row, row + 1)[0]  # Checks the range.
     return out
 
   def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -156,21 +156,21 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
   image_index = system.open_index(image, image_index_dir)
   system_text = {DEV_SPLIT: dev_text, SPLIT: reranked if choice["reranked"] else text_run}
   # Every grounding (0: the paper's global CLIP ranking) for both splits; dev chooses.
-  image_runs = {n: {split: system.search_claims(
-      image, image_index, release_dir, split, TOP_K,
-      ground=system.Grounding(system_text[split], n)) for split in (DEV_SPLIT, SPLIT)}
-      for n in IMAGE_ARTICLES}
-  image_choice = choose_image_system({n: r[DEV_SPLIT] for n, r in image_runs.items()},
-                                     reader.image_qrels(DEV_SPLIT))
-  chosen = image_runs[image_choice["articles"]]
-  system.write_outputs(chosen[SPLIT], "image", run_path=os.path.join(runs_dir, "image.run"),
-                       results_path=None, release_dir=release_dir, tag="clip")
-  system.write_outputs({**chosen[DEV_SPLIT], **chosen[SPLIT]}, "image", run_path=None,
-                       results_path=results_csv, release_dir=release_dir, tag="clip")
+  image_runs = {split: system.search_grounded(image, image_index, release_dir, split, TOP_K,
+                                              system_text[split], IMAGE_ARTICLES)
+                for split in (DEV_SPLIT, SPLIT)}
+  image_choice = choose_image_system(image_runs[DEV_SPLIT], reader.image_qrels(DEV_SPLIT))
+  chosen = image_choice["articles"]
+  system.write_outputs(image_runs[SPLIT][chosen], "image",
+                       run_path=os.path.join(runs_dir, "image.run"), results_path=None,
+                       release_dir=release_dir, tag="clip")
+  system.write_outputs({**image_runs[DEV_SPLIT][chosen], **image_runs[SPLIT][chosen]}, "image",
+                       run_path=None, results_path=results_csv, release_dir=release_dir,
+                       tag="clip")
   images = system.corpus(reader, "image")
   for n in (0, image_choice["best_grounded"]):
     rows.extend(table3.table3_rows(
-        image_system_name(n), {"image": image_runs[n][SPLIT]}, qrels,
+        image_system_name(n), {"image": image_runs[SPLIT][n]}, qrels,
         semantic={"image": lambda items: image.task.inference.encode_documents(image.model,
                                                                                items)},
         texts={"image": dict(zip(images.ids, images.items))}, claim_ids=claim_ids))

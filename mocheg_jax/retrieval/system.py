@@ -134,22 +134,40 @@ def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir
   reranker's order is cut to `k`. With `ground` (an image index only), the images of the
   articles the claim's text evidence came from are ranked first (grounding.py).
   """
+  depth = max(k, candidates) if rerank is not None else k
+  claims, queries, run = _dense_search(trained, index, release_dir, split, depth)
+  if rerank is not None:
+    run = {q: ranked[:k] for q, ranked in rerank(claims, run).items()}
+  if ground is not None and ground.articles > 0:
+    run = _grounded(run, queries, index, ground, k)
+  return run
+
+
+def search_grounded(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
+                    split: str, k: int, text_run: Run, articles: Sequence[int]
+                    ) -> dict[int, Run]:
+  """{N: search_claims(..., ground=Grounding(text_run, N))} for every N in `articles` (0:
+  not grounded), from one encoding and search of the claims."""
+  _, queries, run = _dense_search(trained, index, release_dir, split, k)
+  return {n: _grounded(run, queries, index, Grounding(text_run, n), k) if n > 0 else run
+          for n in articles}
+
+
+def _dense_search(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
+                  split: str, depth: int) -> tuple[list[str], dict[str, np.ndarray], Run]:
+  """The split's claim texts, their unit query embeddings and their top `depth` (both
+  keyed by claim id, in the split's order)."""
   encoders = _encoders(trained)
   release = MochegRelease(release_dir)
   check_index_covers_kb(index, corpus(release, index.manifest.kind), release_dir)
   claims = release.claims(split)
   if not claims:
     raise MochegInputError(f"{release_dir}: split {split!r} has no claims")
-  queries = normalized(encoders.encode_queries(trained.model, [c.claim for c in claims]))
-  depth = max(k, candidates) if rerank is not None else k
+  texts = [c.claim for c in claims]
+  ids = [str(c.claim_id) for c in claims]
+  queries = normalized(encoders.encode_queries(trained.model, texts))
   hits = search_lib.search(queries, index, depth)
-  run = {str(c.claim_id): h for c, h in zip(claims, hits)}
-  if rerank is not None:
-    run = {q: ranked[:k] for q, ranked in rerank([c.claim for c in claims], run).items()}
-  if ground is not None and ground.articles > 0:
-    run = _grounded(run, {str(c.claim_id): q for c, q in zip(claims, queries)}, index,
-                    ground, k)
-  return run
+  return texts, dict(zip(ids, queries)), dict(zip(ids, hits))
 
 
 def _grounded(run: Run, queries: dict[str, np.ndarray], index: index_lib.EmbeddingIndex,
