@@ -27,22 +27,40 @@ def _trained(predicted: list[int], asked: list):
   return types.SimpleNamespace(task=types.SimpleNamespace(inference=inference), model=None)
 
 
-@pytest.mark.parametrize("text_image, text, mode", [
-    (LABELS, [0, 0, 0, 0, 0, 0], "text+image"),
-    ([0, 0, 0, 0, 0, 0], LABELS, "text"),     # Retrieved images mislead the text+image one.
-    ([0, 1, 2, 0, 1, 0], [0, 1, 2, 0, 1, 0], "text+image"),  # A tie keeps the paper's.
+WRONG = [0, 0, 0, 0, 0, 0]
+PARTLY = [0, 1, 2, 0, 1, 0]
+SYSTEM = verification_stage.SYSTEM_TRAINED
+
+
+@pytest.mark.parametrize("predictions, mode", [
+    ((LABELS, WRONG, PARTLY), "text+image"),
+    ((WRONG, LABELS, PARTLY), "text"),     # Retrieved images mislead the text+image one...
+    ((WRONG, PARTLY, LABELS), SYSTEM),     # ...unless it learnt from retrieved evidence.
+    ((PARTLY, PARTLY, PARTLY), "text+image"),  # A tie keeps the paper's.
+    ((WRONG, PARTLY, PARTLY), "text"),         # Then the gold-trained text-only one.
 ])
-def test_the_system_labels_come_from_the_better_verifier_on_dev_system_evidence(
-    text_image, text, mode):
+def test_the_system_labels_come_from_the_best_verifier_on_dev_system_evidence(
+    predictions, mode):
   asked = []
-  trained = {"text+image": _trained(text_image, asked), "text": _trained(text, asked)}
+  trained = {m: _trained(p, asked)
+             for m, p in zip(verification_stage.SYSTEM_LABEL_MODES, predictions, strict=True)}
   choice = verification_stage.choose_system_verifier(trained, "results.csv")
   assert choice["mode"] == mode
   assert choice["stage"] == verification_stage.stage_folder(mode)
-  assert choice["stage"] in ("stages/verify_text_image", "stages/verify_text")
-  assert set(choice["dev"]) == {"text+image", "text"}
+  assert set(choice["dev"]) == set(verification_stage.SYSTEM_LABEL_MODES)
   assert max(choice["dev"].values()) == choice["dev"][mode]
-  assert asked == [("val", "results.csv")] * 2  # Dev claims, system evidence.
+  assert asked == [("val", "results.csv")] * 3  # Dev claims, system evidence.
+
+
+def test_each_verifier_trains_in_a_folder_of_its_own_on_its_evidence(tmp_path):
+  folders = {m: verification_stage.stage_folder(m) for m in verification_stage.MODES}
+  assert folders["text+image"] == "stages/verify_text_image"  # The manifest's default.
+  assert len(set(folders.values())) == len(folders)
+  csv = str(tmp_path / "runs" / "retrieval_results.csv")
+  for name, mode in verification_stage.MODES.items():
+    config = verification_stage._config("tiny", str(tmp_path), 0, "random", mode, csv)
+    assert (config.verify.use_text, config.verify.use_image) == mode[:2]
+    assert config.verify.evidence == (csv if name == SYSTEM else "gold")
 
 
 class _SavedConfig:

@@ -60,13 +60,14 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   table4 = {(r["system"], r["evidence"]) for r in summary["verification"]}
   assert table4 == {("Majority", "-"), ("Average similarity", "gold"),
                     ("Average similarity", "system"), ("Stance (none)", "-")} | {
-                        (f"Stance ({m})", e) for m in ("text+image", "text", "image")
+                        (f"Stance ({m})", e) for m in ("text+image", "text", "image",
+                                                        "text+image, system-trained")
                         for e in ("gold", "system")}
   assert all(r["claims"] == summary["splits"]["test"]["claims"]
              for r in summary["verification"])
   assert "| Stance (text+image) | gold |" in text  # Table 4 printed.
   results = read_results(workdir / "runs" / "retrieval_results.csv")
-  assert len(results) == sum(summary["splits"][s]["claims"] for s in ("val", "test"))
+  assert len(results) == sum(summary["splits"][s]["claims"] for s in ("train", "val", "test"))
   assert all(len(r.text_ids) == 10 and len(r.images) == 10 for r in results.values())
   on_disk = json.load(open(workdir / "summary.json"))
   assert on_disk["batches"] == summary["batches"]
@@ -81,7 +82,7 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
     workflow.run("tiny", str(copy), seed=0, log=lines.append, overrides=tiny_job.OVERRIDES)
     assert manifest_lib.read_manifest(str(copy)).moved == (str(workdir), str(copy))
   assert any(f"was written at {workdir}" in line for line in lines)
-  assert sum("finished before" in line for line in lines) == 11  # Every training.
+  assert sum("finished before" in line for line in lines) == 12  # Every training.
   assert any("reused from" in line for line in lines)
   # So is every evaluation (Tables 3-5), and the tables are the first run's.
   assert sum("evaluation reused from" in line for line in lines) == 3
@@ -183,7 +184,7 @@ def _claims(workdir: pathlib.Path, split: str) -> list[str]:
 
 
 def _image_runs(workdir: pathlib.Path, text_run: dict) -> dict:
-  """The val and test claims' top 10 images by the main job's image retriever, for every
+  """The result CSV's claims' top 10 images by the main job's image retriever, for every
   grounding the retrieval stage tries on `text_run`."""
   from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.retrieval import system
@@ -191,7 +192,7 @@ def _image_runs(workdir: pathlib.Path, text_run: dict) -> dict:
 
   image = load_trained(str(workdir / "stages" / "retrieval_image"))
   index = system.open_index(image, str(workdir / "index" / "image"))
-  return {n: {claim: ranked for split in ("val", "test") for claim, ranked in
+  return {n: {claim: ranked for split in retrieval_stage.RESULTS_SPLITS for claim, ranked in
               system.search_claims(image, index, str(workdir / "release"), split, 10,
                                    ground=system.Grounding(text_run, n)).items()}
           for n in retrieval_stage.IMAGE_ARTICLES}
@@ -205,10 +206,11 @@ def _assert_same_run(run: dict, expected: dict) -> None:
 
 
 def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
-  """The result CSV's text columns (system evidence of Tables 4 and 5), for the test and the
-  dev claims, are the reranked runs or the bi-encoder's, as `choose_text_system` decided
-  from the dev scores; the system labels come from the verifier `choose_system_verifier`
-  picked on the dev claims' system evidence; the manifest tells the fact-checker both."""
+  """The result CSV's text columns (system evidence of Tables 4 and 5), for the test, dev
+  and train claims, are the reranked runs or the bi-encoder's, as `choose_text_system`
+  decided from the dev scores; the system labels come from the verifier
+  `choose_system_verifier` picked on the dev claims' system evidence (one of them trained on
+  the train claims' rows); the manifest tells the fact-checker both."""
   from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.train.restore import load_trained
   from mocheg_jax.verification import stage as verification_stage
@@ -221,8 +223,8 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
   manifest = manifest_lib.read_manifest(str(workdir))
   assert manifest.settings.rerank == choice["reranked"]
   assert f"system text evidence: {retrieval_stage.describe_choice(choice)}" in text
-  expected = {**_text_run(workdir, "val", choice["reranked"]),
-              **_text_run(workdir, "test", choice["reranked"])}
+  expected = {claim: ranked for split in retrieval_stage.RESULTS_SPLITS
+              for claim, ranked in _text_run(workdir, split, choice["reranked"]).items()}
   csv_rows = read_results(workdir / "runs" / "retrieval_results.csv")
   _assert_same_run({str(c): list(zip(r.text_ids, r.text_scores)) for c, r in csv_rows.items()},
                    expected)
@@ -244,6 +246,9 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
              for m in verification_stage.SYSTEM_LABEL_MODES}
   assert labels == verification_stage.choose_system_verifier(
       trained, str(workdir / "runs" / "retrieval_results.csv"))
+  assert {m: t.config.verify.evidence for m, t in trained.items()} == {
+      "text+image": "gold", "text": "gold",
+      verification_stage.SYSTEM_TRAINED: str(workdir / "runs" / "retrieval_results.csv")}
   assert manifest.stages["verifier"] == str(workdir / labels["stage"])
 
 

@@ -38,15 +38,18 @@ TABLES = {  # results.json key -> (file stem, markdown heading)
 }
 SPLIT = "test"  # The split every stage's table scores.
 CURVE_KS = tuple(range(1, 11))  # The runs keep 10 items per claim (retrieval/stage.py).
-# modality -> (run file under WORKDIR, the Table 3 system that wrote it).
+# modality -> (run file under WORKDIR, the Table 3 system that wrote it). The image run is
+# the ranking the retrieval stage chose (its name in retrieval_summary.json), the paper's
+# global one when that file does not say.
 RUNS = {"text": (os.path.join("runs", "text.run"), "SBERT + rerank"),
         "image": (os.path.join("runs", "image.run"), "CLIP fine-tuned")}
+RETRIEVAL_SUMMARY = "retrieval_summary.json"
 CONFUSION_SYSTEM = "Stance (text+image)"  # The Table 4 row whose confusion is plotted.
 # The folders the main job trains into (retrieval/, verification/ and explanation/stage.py);
 # one that is absent is listed as skipped, so a report shows which trainings did not run.
 STAGES = ("retrieval_text", "rerank", "captions", "retrieval_image", "verify_text_image",
-          "verify_text", "verify_image", "verify_none", "explain_classifier", "explain_nll",
-          "explain_reinforce")
+          "verify_text", "verify_image", "verify_none", "verify_text_image_system",
+          "explain_classifier", "explain_nll", "explain_reinforce")
 
 
 def _write_atomic(path: str, data: bytes | str) -> None:
@@ -118,6 +121,8 @@ def recall_curves(workdir: str, release_dir: str, skip: _Skips) -> dict[str, dic
   """
   curves, release = {}, None
   for modality, (name, system) in RUNS.items():
+    if modality == "image":
+      system = _chosen_image_system(workdir, system, skip)
     path = os.path.join(workdir, name)
     if not os.path.isfile(path):
       skip(path, f"missing: no {modality} recall@K curve")
@@ -134,6 +139,23 @@ def recall_curves(workdir: str, release_dir: str, skip: _Skips) -> dict[str, dic
                         "recall": [m[f"R@{k}"] for k in CURVE_KS],
                         "num_scored": m["num_queries"], "num_missing": m["num_missing"]}
   return curves
+
+
+def _chosen_image_system(workdir: str, default: str, skip: _Skips) -> str:
+  path = os.path.join(workdir, RETRIEVAL_SUMMARY)
+  if not os.path.isfile(path):
+    return default
+  try:
+    with open(path, encoding="utf-8") as f:
+      summary = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise MochegInputError(f"{path}: not valid JSON ({e})") from None
+  chosen = (summary.get("system_image") or {}).get("system") if isinstance(
+      summary, dict) else None
+  if not isinstance(chosen, str):
+    skip(path, f"no system_image.system: the image curve is taken for {default!r}")
+    return default
+  return chosen
 
 
 def _check_table3(curves: dict, table3: list[dict] | None, log) -> None:

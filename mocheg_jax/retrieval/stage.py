@@ -4,12 +4,12 @@ Trains the text retriever, the cross-encoder reranker and the image retriever (a
 CLIP after caption pre-training, caption_task.py) on the prepared world, indexes the KB
 with each, searches for the test claims, and scores them beside a BM25 baseline and the
 zero-shot (not fine-tuned) text encoder. The text evidence in
-WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for the test
-claims and the dev claims) is the reranked run or the bi-encoder's, whichever did better on
-dev (`choose_text_system`); runs/text.run is always the reranked test run. The image
-evidence there and in runs/image.run is the global CLIP ranking or one grounded on the
-system text evidence's articles (grounding.py), whichever did better on dev
-(`choose_image_system`); Table 3 shows both.
+WORKDIR/runs/retrieval_results.csv (the system evidence of Tables 4 and 5, for the test,
+dev and train claims) is the reranked run or the bi-encoder's, whichever did better on dev
+(`choose_text_system`); runs/text.run is always the reranked test run. The image evidence
+there and in runs/image.run is the global CLIP ranking or one grounded on the system text
+evidence's articles (grounding.py), whichever did better on dev (`choose_image_system`);
+Table 3 shows both.
 Everything lands under WORKDIR and is reused on a rerun: a finished training is not
 repeated (the trainer resumes to its last step), an index is complete or resumed, runs are
 rewritten.
@@ -40,6 +40,9 @@ SPLIT = "test"
 # The split the retrievers were selected on; its claims are searched too (the verification
 # stage's dev system evidence).
 DEV_SPLIT = text_task.DEV_SPLIT
+# The claims the result CSV holds: the train claims' rows train a verifier on evidence like
+# the test claims' (the verification stage), the dev claims' choose among the verifiers.
+RESULTS_SPLITS = ("train", DEV_SPLIT, SPLIT)
 TOP_K = 10  # Runs keep 10 per claim: Table 3 reports K = 5 and 10.
 RERANK_CANDIDATES = 100  # Bi-encoder candidates the cross-encoder reorders (1000 on the paper).
 BI_ENCODER, RERANKED = "SBERT fine-tuned", "SBERT + rerank"  # Table 3's rows of the two.
@@ -92,7 +95,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
               "zero_shot": text_config.to_dict(), "release": release_dir,
               "release_files": evaluations.folder_sizes(release_dir),
               "settings": {"split": SPLIT, "top_k": TOP_K, "candidates": RERANK_CANDIDATES,
-                           "system_text": "best on dev", "results_splits": [DEV_SPLIT, SPLIT],
+                           "system_text": "best on dev", "results_splits": list(RESULTS_SPLITS),
                            "system_image": {"best on dev of articles": list(IMAGE_ARTICLES)}}}
     out = evaluations.reuse(workdir, "retrieval", inputs, OUTPUTS, lambda: _evaluate(
         workdir, text_dir, rerank_dir, image_dir, text_config, release_dir), log)
@@ -141,32 +144,35 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
                        results_path=None, release_dir=release_dir, tag="rerank")
   score(RERANKED, {"text": reranked}, {"text": encode_text})
   choice = choose_text_system(text_dir, rerank_dir)
-  # The result CSV holds the dev claims too, searched the same way (their rows are what
-  # the verification stage picks the system-label verifier with).
-  dev_text = system.search_claims(text, text_index, release_dir, DEV_SPLIT, TOP_K,
+  # The other claims of the result CSV are searched the same way.
+  system_text = {SPLIT: reranked if choice["reranked"] else text_run} | {
+      split: system.search_claims(text, text_index, release_dir, split, TOP_K,
                                   rerank=reranker if choice["reranked"] else None,
                                   candidates=RERANK_CANDIDATES)
-  system.write_outputs({**dev_text, **(reranked if choice["reranked"] else text_run)}, "text",
-                       run_path=None, results_path=results_csv, release_dir=release_dir,
-                       tag="system")
+      for split in RESULTS_SPLITS if split != SPLIT}
+  system.write_outputs(_merged(system_text), "text", run_path=None, results_path=results_csv,
+                       release_dir=release_dir, tag="system")
 
   image = load_trained(image_dir)
   image_index_dir = os.path.join(workdir, "index", "image")
   system.build_index(image, release_dir, image_index_dir, progress=True)
   image_index = system.open_index(image, image_index_dir)
-  system_text = {DEV_SPLIT: dev_text, SPLIT: reranked if choice["reranked"] else text_run}
-  # Every grounding (0: the paper's global CLIP ranking) for both splits; dev chooses.
+  # Every grounding (0: the paper's global CLIP ranking) for the dev and test claims; dev
+  # chooses; the train claims get the chosen one.
   image_runs = {split: system.search_grounded(image, image_index, release_dir, split, TOP_K,
                                               system_text[split], IMAGE_ARTICLES)
                 for split in (DEV_SPLIT, SPLIT)}
   image_choice = choose_image_system(image_runs[DEV_SPLIT], reader.image_qrels(DEV_SPLIT))
   chosen = image_choice["articles"]
-  system.write_outputs(image_runs[SPLIT][chosen], "image",
+  system_images = {split: image_runs[split][chosen] if split in image_runs else
+                   system.search_grounded(image, image_index, release_dir, split, TOP_K,
+                                          system_text[split], (chosen,))[chosen]
+                   for split in RESULTS_SPLITS}
+  system.write_outputs(system_images[SPLIT], "image",
                        run_path=os.path.join(runs_dir, "image.run"), results_path=None,
                        release_dir=release_dir, tag="clip")
-  system.write_outputs({**image_runs[DEV_SPLIT][chosen], **image_runs[SPLIT][chosen]}, "image",
-                       run_path=None, results_path=results_csv, release_dir=release_dir,
-                       tag="clip")
+  system.write_outputs(_merged(system_images), "image", run_path=None,
+                       results_path=results_csv, release_dir=release_dir, tag="clip")
   images = system.corpus(reader, "image")
   for n in (0, image_choice["best_grounded"]):
     rows.extend(table3.table3_rows(
@@ -183,6 +189,12 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
     json.dump({"text_step": text.step, "image_step": image.step, "results": results_csv,
                "system_text": choice, "system_image": image_choice}, f)
   return {"rows": rows, "table": markdown, "system_text": choice, "system_image": image_choice}
+
+
+def _merged(runs: dict[str, system.Run]) -> system.Run:
+  """The claims of every split in one run (the result CSV is written whole: its rows are
+  the run's claims)."""
+  return {claim: ranked for split in RESULTS_SPLITS for claim, ranked in runs[split].items()}
 
 
 def choose_text_system(text_dir: str, rerank_dir: str) -> dict:
