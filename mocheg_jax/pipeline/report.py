@@ -29,6 +29,7 @@ from mocheg_jax.pipeline import plots
 from mocheg_jax.retrieval.stage import describe_choice
 from mocheg_jax.train import evaluations, writer
 from mocheg_jax.utils import files
+from mocheg_jax.verification import stage as verification_stage
 
 RESULTS_JSON, REPORT_MD, PLOTS_DIR = "results.json", "report.md", "plots"
 TABLES = {  # results.json key -> (file stem, markdown heading)
@@ -47,8 +48,8 @@ RETRIEVAL_SUMMARY = "retrieval_summary.json"
 CONFUSION_SYSTEM = "Stance (text+image)"  # The Table 4 row whose confusion is plotted.
 # The folders the main job trains into (retrieval/, verification/ and explanation/stage.py);
 # one that is absent is listed as skipped, so a report shows which trainings did not run.
-STAGES = ("retrieval_text", "rerank", "captions", "retrieval_image", "verify_text_image",
-          "verify_text", "verify_image", "verify_none", "verify_text_image_system",
+STAGES = ("retrieval_text", "rerank", "captions", "retrieval_image",
+          *(mode.folder for mode in verification_stage.MODES.values()),
           "explain_classifier", "explain_nll", "explain_reinforce")
 
 

@@ -180,7 +180,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
   for name, mode in MODES.items():
     config = _config(scale, workdir, seed, clip_dir, mode, system_csv, release, overrides)
     stage_dirs[name] = os.path.join(workdir, stage_folder(name))
-    log(f"training verifier ({name} evidence) in {stage_dirs[name]}")
+    log(f"training verifier {name!r} ({mode.trained_on} evidence) in {stage_dirs[name]}")
     loop.train_stage(config, stage_dirs[name], log=log)
 
   def evaluate() -> dict:
@@ -259,7 +259,7 @@ def choose_system_verifier(trained: dict, system_csv: str) -> dict:
   Gold evidence cannot decide it: there every proof image belongs to the claim. Retrieved
   images need not; a verifier trained on gold takes the unrelated ones for proof and its
   NEI recall falls (small world, global CLIP ranking: dev macro F1 on system evidence 0.47
-  against the text-only verifier's 0.58), which training on system evidence corrects.
+  against the text-only verifier's 0.58); one trained on system evidence learns not to.
 
   Returns {"mode": one of SYSTEM_LABEL_MODES, "stage": its folder relative to WORKDIR,
   "dev": {mode: macro F1}}.
