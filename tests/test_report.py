@@ -21,7 +21,11 @@ CONFUSION = {"gold": [[3, 1, 1], [5, 0, 0], [0, 1, 4]],
              "system": [[2, 3, 0], [1, 4, 0], [2, 3, 0]]}
 # modality -> the Table 3 system whose run runs/MODALITY.run holds.
 SYSTEMS = {"text": "SBERT + rerank", "image": "CLIP + text articles (top 2)"}
-SUMMARY = {"scale": "tiny", "seed": 0, "timings_s": {"prepare": 1.5, "retrieval": 12.25}}
+# The image run is the grounded ranking the retrieval stage chose.
+SUMMARY = {"scale": "tiny", "seed": 0, "timings_s": {"prepare": 1.5, "retrieval": 12.25},
+           "retrieval_system_image": {"articles": 2, "system": SYSTEMS["image"],
+                                      "best_grounded": 2, "metric": "dev/recall@5",
+                                      "dev": {"CLIP fine-tuned": 0.1, SYSTEMS["image"]: 0.5}}}
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +98,6 @@ def workdir(tmp_path, release):
           + table3.table3_rows(SYSTEMS["image"], {"image": runs["image"]}, qrels,
                                claim_ids=claim_ids))
   table3.write_rows(wd / "table3.json", rows)
-  # The image run is the grounded ranking the retrieval stage chose.
-  _write_json(wd / "retrieval_summary.json", {"system_image": {"system": SYSTEMS["image"]}})
   _write_text(wd / "table3.md", table3.format_table(rows) + "\n")
   table4 = [{"system": "Majority", "evidence": "-", "macro_f1": 0.17,
              "confusion_matrix": [[5, 0, 0], [5, 0, 0], [5, 0, 0]]}]

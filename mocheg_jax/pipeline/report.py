@@ -40,11 +40,10 @@ TABLES = {  # results.json key -> (file stem, markdown heading)
 SPLIT = "test"  # The split every stage's table scores.
 CURVE_KS = tuple(range(1, 11))  # The runs keep 10 items per claim (retrieval/stage.py).
 # modality -> (run file under WORKDIR, the Table 3 system that wrote it). The image run is
-# the ranking the retrieval stage chose (its name in retrieval_summary.json), the paper's
-# global one when that file does not say.
+# the ranking the retrieval stage chose (the summary's retrieval_system_image), the paper's
+# global one when the summary does not say.
 RUNS = {"text": (os.path.join("runs", "text.run"), "SBERT + rerank"),
         "image": (os.path.join("runs", "image.run"), "CLIP fine-tuned")}
-RETRIEVAL_SUMMARY = "retrieval_summary.json"
 CONFUSION_SYSTEM = "Stance (text+image)"  # The Table 4 row whose confusion is plotted.
 # The folders the main job trains into (retrieval/, verification/ and explanation/stage.py);
 # one that is absent is listed as skipped, so a report shows which trainings did not run.
@@ -114,8 +113,10 @@ def _read_text(path: str, skip: _Skips) -> str | None:
     return f.read().strip()
 
 
-def recall_curves(workdir: str, release_dir: str, skip: _Skips) -> dict[str, dict]:
-  """modality -> recall@K for K = 1..10 of the run the Table 3 system wrote.
+def recall_curves(workdir: str, release_dir: str, skip: _Skips,
+                  image_system: str | None = None) -> dict[str, dict]:
+  """modality -> recall@K for K = 1..10 of the run the Table 3 system wrote (`image_system`:
+  the image run's, when not RUNS' default).
 
   The same `evaluate_run` as Table 3 (`retrieval/table3.py`) on the same qrels, so the
   curve's @5 and @10 are that table's rows; run order is read back exactly (`read_run`).
@@ -123,7 +124,7 @@ def recall_curves(workdir: str, release_dir: str, skip: _Skips) -> dict[str, dic
   curves, release = {}, None
   for modality, (name, system) in RUNS.items():
     if modality == "image":
-      system = _chosen_image_system(workdir, system, skip)
+      system = image_system or system
     path = os.path.join(workdir, name)
     if not os.path.isfile(path):
       skip(path, f"missing: no {modality} recall@K curve")
@@ -140,23 +141,6 @@ def recall_curves(workdir: str, release_dir: str, skip: _Skips) -> dict[str, dic
                         "recall": [m[f"R@{k}"] for k in CURVE_KS],
                         "num_scored": m["num_queries"], "num_missing": m["num_missing"]}
   return curves
-
-
-def _chosen_image_system(workdir: str, default: str, skip: _Skips) -> str:
-  path = os.path.join(workdir, RETRIEVAL_SUMMARY)
-  if not os.path.isfile(path):
-    return default
-  try:
-    with open(path, encoding="utf-8") as f:
-      summary = json.load(f)
-  except (ValueError, UnicodeDecodeError) as e:
-    raise MochegInputError(f"{path}: not valid JSON ({e})") from None
-  chosen = (summary.get("system_image") or {}).get("system") if isinstance(
-      summary, dict) else None
-  if not isinstance(chosen, str):
-    skip(path, f"no system_image.system: the image curve is taken for {default!r}")
-    return default
-  return chosen
 
 
 def _check_table3(curves: dict, table3: list[dict] | None, log) -> None:
@@ -280,7 +264,8 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
   texts = {key: _read_text(os.path.join(workdir, f"{stem}.md"), skip)
            for key, (stem, _) in TABLES.items()}
   release_dir = summary.get("release") or os.path.join(workdir, "release")
-  curves = recall_curves(workdir, release_dir, skip)
+  curves = recall_curves(workdir, release_dir, skip,
+                         (summary.get("retrieval_system_image") or {}).get("system"))
   _check_table3(curves, rows["table3"], log)
   confusions = _confusions(os.path.join(workdir, "table4.json"), rows["table4"], skip)
   training = _training(workdir, skip)
