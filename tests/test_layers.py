@@ -92,3 +92,20 @@ def test_constrain_is_a_no_op_without_mesh_and_shards_with_one():
 def test_unknown_activation_is_named():
   with pytest.raises(ValueError, match="'swishy'"):
     layers.activation("swishy")
+
+
+def test_gelu_is_torchs_erf_formula_with_its_gradient():
+  import torch  # The test extra's; the parity reference.
+  x = np.linspace(-12.0, 12.0, 20001, dtype=np.float32)
+  gelu = layers.activation("gelu")
+  ours, grad = jax.value_and_grad(lambda v: gelu(v).sum())(jnp.asarray(x))
+  t = torch.tensor(x, requires_grad=True)
+  reference = torch.nn.functional.gelu(t)  # approximate="none": the erf form.
+  reference.sum().backward()
+  # Float32 rounding: |gelu| <= 12 and erf's last bits; jax.nn.gelu's erfc form agrees as well.
+  np.testing.assert_allclose(gelu(jnp.asarray(x)), reference.detach().numpy(), atol=2e-6)
+  np.testing.assert_allclose(ours, reference.sum().item(), rtol=1e-5)
+  np.testing.assert_allclose(grad, t.grad.numpy(), atol=1e-6)
+  np.testing.assert_allclose(gelu(jnp.asarray(x)), jax.nn.gelu(jnp.asarray(x), approximate=False),
+                             atol=2e-6)
+  assert gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16

@@ -16,8 +16,8 @@ from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.metrics import trec
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.retrieval.results import read_results
-from tests import tiny_job
-from tests.processes import run_script
+from tests import rerun_retrieval, tiny_job
+from tests.processes import Runs, run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -163,39 +163,30 @@ def test_search_and_index_scripts(main_job, tmp_path):
               "the index does not match the text KB of")
 
 
-def _text_run(workdir: pathlib.Path, split: str, reranked: bool) -> dict:
-  """A split's claims' top 10 by the main job's text retriever, reranked or not (as the
-  retrieval stage searches)."""
-  from mocheg_jax.retrieval import stage as retrieval_stage
-  from mocheg_jax.retrieval import system
-  from mocheg_jax.train.restore import load_trained
+@pytest.fixture(scope="module")
+def rerun(main_job) -> dict:
+  """tests/rerun_retrieval.py's runs on the main job, searched in the job's environment:
+  {"text": {"reranked" | "dense": {split: run}}, "images": {N: run}}, a run {claim id:
+  [(doc id, score)] best first}."""
+  root = main_job[0].parent
+  out, logs = root / "rerun.json", root / "rerun_logs"
+  logs.mkdir(exist_ok=True)
+  runs = Runs(logs, tiny_job.TIMEOUT_S)
+  runs.start("rerun", "tests/rerun_retrieval.py", [str(main_job[0]), str(out)],
+             tiny_job.job_environment(root))
+  runs.wait()
+  found = json.loads(out.read_text())
 
-  text = load_trained(str(workdir / "stages" / "retrieval_text"))
-  release = str(workdir / "release")
-  rerank = (system.load_reranker(str(workdir / "stages" / "rerank"), "text", release)
-            if reranked else None)
-  return system.search_claims(text, system.open_index(text, str(workdir / "index" / "text")),
-                              release, split, 10, rerank=rerank,
-                              candidates=retrieval_stage.RERANK_CANDIDATES)
+  def tuples(run):
+    return {claim: [(d, s) for d, s in ranked] for claim, ranked in run.items()}
+
+  return {"text": {name: {split: tuples(run) for split, run in splits.items()}
+                   for name, splits in found["text"].items()},
+          "images": {int(n): tuples(run) for n, run in found["images"].items()}}
 
 
 def _claims(workdir: pathlib.Path, split: str) -> list[str]:
   return [str(c.claim_id) for c in MochegRelease(workdir / "release").claims(split)]
-
-
-def _image_runs(workdir: pathlib.Path, text_run: dict) -> dict:
-  """The result CSV's claims' top 10 images by the main job's image retriever, for every
-  grounding the retrieval stage tries on `text_run`."""
-  from mocheg_jax.retrieval import stage as retrieval_stage
-  from mocheg_jax.retrieval import system
-  from mocheg_jax.train.restore import load_trained
-
-  image = load_trained(str(workdir / "stages" / "retrieval_image"))
-  index = system.open_index(image, str(workdir / "index" / "image"))
-  return {n: {claim: ranked for split in retrieval_stage.RESULTS_SPLITS for claim, ranked in
-              system.search_claims(image, index, str(workdir / "release"), split, 10,
-                                   ground=system.Grounding(text_run, n)).items()}
-          for n in retrieval_stage.IMAGE_ARTICLES}
 
 
 def _assert_same_run(run: dict, expected: dict) -> None:
@@ -205,7 +196,7 @@ def _assert_same_run(run: dict, expected: dict) -> None:
     assert [s for _, s in ranked] == pytest.approx([s for _, s in expected[claim]], abs=1e-4)
 
 
-def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
+def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job, rerun):
   """The result CSV's text columns (system evidence of Tables 4 and 5), for the test, dev
   and train claims, are the reranked runs or the bi-encoder's, as `choose_text_system`
   decided from the dev scores; the system labels come from the verifier
@@ -223,8 +214,9 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
   manifest = manifest_lib.read_manifest(str(workdir))
   assert manifest.settings.rerank == choice["reranked"]
   assert f"system text evidence: {retrieval_stage.describe_choice(choice)}" in text
-  expected = {claim: ranked for split in retrieval_stage.RESULTS_SPLITS
-              for claim, ranked in _text_run(workdir, split, choice["reranked"]).items()}
+  expected = {claim: ranked for run in
+              rerun["text"]["reranked" if choice["reranked"] else "dense"].values()
+              for claim, ranked in run.items()}
   csv_rows = read_results(workdir / "runs" / "retrieval_results.csv")
   _assert_same_run({str(c): list(zip(r.text_ids, r.text_scores)) for c, r in csv_rows.items()},
                    expected)
@@ -234,7 +226,7 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
   image_choice = summary["retrieval_system_image"]
   assert manifest.settings.image_articles == image_choice["articles"]
   assert f"system image evidence: {retrieval_stage.describe_choice(image_choice)}" in text
-  expected_images = _image_runs(workdir, expected)
+  expected_images = rerun["images"]
   assert image_choice == retrieval_stage.choose_image_system(
       {n: {c: expected_images[n][c] for c in _claims(workdir, "val")} for n in expected_images},
       MochegRelease(workdir / "release").image_qrels("val"))
@@ -252,7 +244,7 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job):
   assert manifest.stages["verifier"] == str(workdir / labels["stage"])
 
 
-def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
+def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   """The pipeline folder checks the test claims exactly as the stages scored them: the
   system text evidence (reranked or not, as the manifest says), the image run, the system
   labels (the chosen verifier on system evidence) and the NLL generator's explanations
@@ -280,8 +272,10 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job):
   finally:
     checker.close()
     other.close()
-  runs = {r: _text_run(workdir, "test", r) for r in (True, False)}
-  _assert_same_run(trec.read_run(workdir / "runs" / "text.run"), runs[True])
+  _assert_same_run(trec.read_run(workdir / "runs" / "text.run"),
+                   rerun["text"]["reranked"]["test"])
+  # The checkers ran in this process: compared with this process's searches.
+  runs = {r: rerun_retrieval.text_run(str(workdir), "test", r) for r in (True, False)}
   text_run = runs[manifest.settings.rerank]
   for claim, evidence in zip(claims, other_texts):
     assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in evidence] == \

@@ -75,12 +75,17 @@ def _runs(root: Path) -> Runs:
   return Runs(logs, TIMEOUT_S, niceness=NICENESS)
 
 
+def job_environment(root: Path) -> dict[str, str]:
+  """The environment of `start_one_process(root)`'s job: its devices, flags and cache."""
+  return environment(2, root / "jax_cache")
+
+
 def start_one_process(root: Path) -> Started:
   """Starts the cut tiny main job into root/workdir: one process, 2 CPU devices."""
   workdir, runs = root / "workdir", _runs(root)
   runs.start("tiny_main_job", "scripts/run_pipeline.py",
              ["--scale=tiny", *override_flags(), f"--workdir={workdir}", "--distributed=off"],
-             environment(2, root / "jax_cache"))
+             job_environment(root))
   return Started(runs, workdir, "tiny_main_job")
 
 

@@ -1,0 +1,66 @@
+"""Searches again with the tiny main job's trained retrievers, in the job's own environment.
+
+    python tests/rerun_retrieval.py WORKDIR OUT.json
+
+Writes {"text": {"reranked" | "dense": {split: run}}, "images": {N: run}} where a run is
+{claim id: [[doc id, score], ...]} best first: every split of the result CSV searched
+with the bi-encoder alone and reranked (as the retrieval stage searches), and the image runs
+grounded on the text run the job chose, for every grounding the retrieval stage tries.
+
+Why a subprocess: the tests compare these runs with the job's files, and the pytest process
+compiles with other XLA flags (and 8 devices, not the job's 2), which round embeddings and
+scores differently in the last bits; the tiny random models score many documents within
+1e-6 of each other (identical sentences exactly alike), so such re-searches may order
+near-tied documents otherwise. Run with `tiny_job.job_environment`, the same programs
+compute the same numbers, and the comparison can ask for the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def text_run(workdir: str, split: str, reranked: bool) -> dict:
+  """A split's claims' top 10 by the job's text retriever, reranked or not."""
+  from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.retrieval import system
+  from mocheg_jax.train.restore import load_trained
+
+  text = load_trained(f"{workdir}/stages/retrieval_text")
+  release = f"{workdir}/release"
+  rerank = (system.load_reranker(f"{workdir}/stages/rerank", "text", release)
+            if reranked else None)
+  return system.search_claims(text, system.open_index(text, f"{workdir}/index/text"),
+                              release, split, 10, rerank=rerank,
+                              candidates=retrieval_stage.RERANK_CANDIDATES)
+
+
+def _image_runs(workdir: str, text_run: dict) -> dict:
+  from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.retrieval import system
+  from mocheg_jax.train.restore import load_trained
+
+  image = load_trained(f"{workdir}/stages/retrieval_image")
+  index = system.open_index(image, f"{workdir}/index/image")
+  return {n: {claim: ranked for split in retrieval_stage.RESULTS_SPLITS for claim, ranked in
+              system.search_claims(image, index, f"{workdir}/release", split, 10,
+                                   ground=system.Grounding(text_run, n)).items()}
+          for n in retrieval_stage.IMAGE_ARTICLES}
+
+
+def main(workdir: str, out: str) -> None:
+  from mocheg_jax.retrieval import stage as retrieval_stage
+
+  summary = json.load(open(f"{workdir}/summary.json"))
+  text = {name: {split: text_run(workdir, split, reranked)
+                 for split in retrieval_stage.RESULTS_SPLITS}
+          for name, reranked in (("reranked", True), ("dense", False))}
+  chosen = text["reranked" if summary["retrieval_system_text"]["reranked"] else "dense"]
+  images = _image_runs(workdir, {c: r for run in chosen.values() for c, r in run.items()})
+  with open(out, "w") as f:
+    json.dump({"text": text, "images": images}, f)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
