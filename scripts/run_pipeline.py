@@ -38,6 +38,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator", "", "host:port of process 0's 
                                    "coordinator (multi-process runs outside a scheduler).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes in the job (0: detect).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (-1: detect).")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_s", 0, "Seconds without a heartbeat before the coordinator declares "
+    "a process dead and stops the job (0: JAX's default, 100 s).")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "CONFIG:dotted.key=value, set in configs/CONFIG.py:SCALE for the stage "
     "that uses it (value: a Python literal, else a string); repeatable.")
@@ -62,7 +65,7 @@ def main(argv):
   # Before anything touches the devices. Every process runs this same command; the
   # stages then train together and process 0 writes the shared outputs.
   distributed.maybe_initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                               _PROCESS_ID.value)
+                               _PROCESS_ID.value, _HEARTBEAT.value)
   overrides: dict[str, dict] = {}
   for (name, key), flag in workflow.PAPER_REQUIRED.items():  # --clip, --bert, --bart.
     folder = flags.FLAGS[flag.lstrip("-")].value

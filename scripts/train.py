@@ -39,7 +39,8 @@ def main(argv: list[str]) -> None:
   distributed.maybe_initialize(
       d.mode, coordinator=d.coordinator or None,
       num_processes=d.num_processes or None,
-      process_id=d.process_id if d.process_id >= 0 else None)
+      process_id=d.process_id if d.process_id >= 0 else None,
+      heartbeat_timeout_s=d.heartbeat_timeout_s)
   try:
     result = loop.train(config, _WORKDIR.value)
   except (loop.NonFiniteLossError, ValueError) as e:

@@ -124,11 +124,19 @@ class Runs:
         proc.wait()
 
 
+HEARTBEAT_TIMEOUT_S = 1200  # Within tiny_job.TIMEOUT_S: a dead process still fails the run.
+
+
 def process_flags(coordinator: str, processes: int, index: int, *,
                   style: str = "config") -> list[str]:
   """The flags that make a script process `index` of a `processes`-process job:
-  --config.distributed.* (scripts/train.py) or the plain flags (scripts/run_pipeline.py)."""
+  --config.distributed.* (scripts/train.py) or the plain flags (scripts/run_pipeline.py).
+
+  With HEARTBEAT_TIMEOUT_S: JAX's 100 s default aborted both processes of the niced
+  background job once (2026-12-03 CI, 2 cores, "stopped sending heartbeats" while they
+  compiled beside the foreground tests)."""
   prefix = "--config.distributed." if style == "config" else "--"
   mode = "mode" if style == "config" else "distributed"
   return [f"{prefix}{mode}=on", f"{prefix}coordinator={coordinator}",
-          f"{prefix}num_processes={processes}", f"{prefix}process_id={index}"]
+          f"{prefix}num_processes={processes}", f"{prefix}process_id={index}",
+          f"{prefix}heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}"]

@@ -344,6 +344,14 @@ def test_maybe_initialize_on_and_explicit_args(clean_env):
     distributed.maybe_initialize("maybe")
 
 
+def test_maybe_initialize_passes_a_heartbeat_timeout_only_when_set(clean_env, monkeypatch):
+  assert distributed.maybe_initialize("on", heartbeat_timeout_s=0) is True
+  monkeypatch.setattr(distributed, "_initialized", False)
+  assert distributed.maybe_initialize("on", heartbeat_timeout_s=900) is True
+  assert clean_env == [((None, None, None), {}),
+                       ((None, None, None), {"heartbeat_timeout_seconds": 900})]
+
+
 def test_maybe_initialize_on_always_calls(clean_env):
   assert distributed.maybe_initialize("on") is True
   assert clean_env == [((None, None, None), {})]

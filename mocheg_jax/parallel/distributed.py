@@ -78,7 +78,8 @@ def _is_initialized() -> bool:
 
 
 def maybe_initialize(mode: str = "auto", coordinator: str | None = None,
-                     num_processes: int | None = None, process_id: int | None = None) -> bool:
+                     num_processes: int | None = None, process_id: int | None = None,
+                     heartbeat_timeout_s: int | None = None) -> bool:
   """Starts jax.distributed when asked to, or (mode "auto") when this is a multi-process job.
 
   Must run before anything touches the devices (jax.devices(), a jit, an array).
@@ -90,6 +91,9 @@ def maybe_initialize(mode: str = "auto", coordinator: str | None = None,
     coordinator: "host:port" of process 0's coordinator service. "" counts as unset.
     num_processes: processes in the job; 0 or less counts as unset.
     process_id: this process's index; negative counts as unset.
+    heartbeat_timeout_s: seconds without a heartbeat after which the coordinator declares
+      a process dead and aborts the whole job; None or 0 or less: JAX's default (100 s).
+      Raise it where the processes may be starved for CPU (many on a small machine).
 
   Returns:
     True when the distributed runtime is up after the call (started now or by an earlier
@@ -116,7 +120,9 @@ def maybe_initialize(mode: str = "auto", coordinator: str | None = None,
     if reason is None:
       return False
     logging.info("Starting jax.distributed: %s", reason)
-  jax.distributed.initialize(coordinator, num_processes, process_id)
+  timeouts = ({} if heartbeat_timeout_s is None or heartbeat_timeout_s <= 0 else
+              {"heartbeat_timeout_seconds": int(heartbeat_timeout_s)})
+  jax.distributed.initialize(coordinator, num_processes, process_id, **timeouts)
   _initialized = True
   logging.info("jax.distributed is up: process %d of %d, %d local / %d global devices",
                jax.process_index(), jax.process_count(), jax.local_device_count(),

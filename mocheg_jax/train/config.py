@@ -53,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.coordinator = ""
   c.distributed.num_processes = 0
   c.distributed.process_id = -1
+  c.distributed.heartbeat_timeout_s = 0  # 0: JAX's default (100 s).
   return c
 
 
