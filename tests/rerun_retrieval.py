@@ -36,7 +36,7 @@ def text_run(workdir: str, split: str, reranked: bool) -> dict:
                               candidates=retrieval_stage.RERANK_CANDIDATES)
 
 
-def _image_runs(workdir: str, text_run: dict) -> dict:
+def _image_runs(workdir: str, text: dict) -> dict:
   from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.retrieval import system
   from mocheg_jax.train.restore import load_trained
@@ -45,14 +45,15 @@ def _image_runs(workdir: str, text_run: dict) -> dict:
   index = system.open_index(image, f"{workdir}/index/image")
   return {n: {claim: ranked for split in retrieval_stage.RESULTS_SPLITS for claim, ranked in
               system.search_claims(image, index, f"{workdir}/release", split, 10,
-                                   ground=system.Grounding(text_run, n)).items()}
+                                   ground=system.Grounding(text, n)).items()}
           for n in retrieval_stage.IMAGE_ARTICLES}
 
 
 def main(workdir: str, out: str) -> None:
   from mocheg_jax.retrieval import stage as retrieval_stage
 
-  summary = json.load(open(f"{workdir}/summary.json"))
+  with open(f"{workdir}/summary.json") as f:
+    summary = json.load(f)
   text = {name: {split: text_run(workdir, split, reranked)
                  for split in retrieval_stage.RESULTS_SPLITS}
           for name, reranked in (("reranked", True), ("dense", False))}
