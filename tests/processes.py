@@ -124,7 +124,8 @@ class Runs:
         proc.wait()
 
 
-HEARTBEAT_TIMEOUT_S = 1200  # Within tiny_job.TIMEOUT_S: a dead process still fails the run.
+# A crashed process still fails its run at once: Runs.wait stops at the first non-zero exit.
+HEARTBEAT_TIMEOUT_S = 1200
 
 
 def process_flags(coordinator: str, processes: int, index: int, *,

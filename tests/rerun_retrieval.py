@@ -19,21 +19,24 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Sequence
 
 
-def text_run(workdir: str, split: str, reranked: bool) -> dict:
-  """A split's claims' top 10 by the job's text retriever, reranked or not."""
+def text_runs(workdir: str, splits: Sequence[str], reranked: bool) -> dict:
+  """{split: its claims' top 10 by the job's text retriever, reranked or not}; the
+  retriever, its index and the reranker are loaded once for all the splits."""
   from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.retrieval import system
   from mocheg_jax.train.restore import load_trained
 
   text = load_trained(f"{workdir}/stages/retrieval_text")
+  index = system.open_index(text, f"{workdir}/index/text")
   release = f"{workdir}/release"
   rerank = (system.load_reranker(f"{workdir}/stages/rerank", "text", release)
             if reranked else None)
-  return system.search_claims(text, system.open_index(text, f"{workdir}/index/text"),
-                              release, split, 10, rerank=rerank,
-                              candidates=retrieval_stage.RERANK_CANDIDATES)
+  return {split: system.search_claims(text, index, release, split, 10, rerank=rerank,
+                                      candidates=retrieval_stage.RERANK_CANDIDATES)
+          for split in splits}
 
 
 def _image_runs(workdir: str, text: dict) -> dict:
@@ -54,8 +57,7 @@ def main(workdir: str, out: str) -> None:
 
   with open(f"{workdir}/summary.json") as f:
     summary = json.load(f)
-  text = {name: {split: text_run(workdir, split, reranked)
-                 for split in retrieval_stage.RESULTS_SPLITS}
+  text = {name: text_runs(workdir, retrieval_stage.RESULTS_SPLITS, reranked)
           for name, reranked in (("reranked", True), ("dense", False))}
   chosen = text["reranked" if summary["retrieval_system_text"]["reranked"] else "dense"]
   images = _image_runs(workdir, {c: r for run in chosen.values() for c, r in run.items()})

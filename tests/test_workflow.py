@@ -275,7 +275,8 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   _assert_same_run(trec.read_run(workdir / "runs" / "text.run"),
                    rerun["text"]["reranked"]["test"])
   # The checkers ran in this process: compared with this process's searches.
-  runs = {r: rerun_retrieval.text_run(str(workdir), "test", r) for r in (True, False)}
+  runs = {r: rerun_retrieval.text_runs(str(workdir), ["test"], r)["test"]
+          for r in (True, False)}
   text_run = runs[manifest.settings.rerank]
   for claim, evidence in zip(claims, other_texts):
     assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in evidence] == \
