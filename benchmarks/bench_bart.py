@@ -1,13 +1,19 @@
 r"""BART decoding throughput: ours (the whole loop one XLA program) vs transformers `generate`.
 
   python benchmarks/bench_bart.py [--sizes=base,small --batch=8 --source_length=128 \
-      --new_tokens=64 --num_beams=1 --repeats=3 --threads=N]
+      --new_tokens=64 --num_beams=1 --max_length=N --repeats=3 --threads=N]
 
 Both sides run in this process on the same random weights (created with transformers and
 loaded by our converter), the same inputs and the same settings: greedy (or --num_beams
 beam search), KV cache on (HF use_cache=True), min_length = max_length so every row
 generates exactly --new_tokens tokens (the last one the forced EOS). Sizes: `base` is
 bart-base (768-d, 6+6 layers, 50k vocabulary), `small` a 256-d 3+3 model.
+
+--max_length emulates generation to a larger limit whose texts end well before it (the
+paper's evaluation decodes to 400 tokens; rulings are far shorter): both sides get that
+max_length, min_length --new_tokens and an EOS logit bias of +100, so every row still ends
+with EOS at its --new_tokens-th token (EOS is banned before by min_length, and wins from
+there on), while the generation is set up for max_length (our KV cache, buffers and loop).
 
 Each side is warmed up once (ours includes XLA compilation, reported apart), then the two
 are timed alternately --repeats times and the best time of each is used, which resists
@@ -38,9 +44,15 @@ _BATCH = flags.DEFINE_integer("batch", 8, "Sources per batch.")
 _SOURCE = flags.DEFINE_integer("source_length", 128, "Source tokens per row.")
 _NEW = flags.DEFINE_integer("new_tokens", 64, "Tokens generated per row.")
 _BEAMS = flags.DEFINE_integer("num_beams", 1, "1: greedy; more: beam search.")
+_MAX_LENGTH = flags.DEFINE_integer(
+    "max_length", None, "Generation limit counting the start token (default: --new_tokens "
+    "+ 1); larger: rows end early with EOS (module docstring).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per side (interleaved).")
 _THREADS = flags.DEFINE_integer("threads", None, "torch threads (default: all CPUs).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/bart.json", "JSON output path.")
+
+
+EOS_BIAS = 100.0  # With --max_length: EOS wins at once when min_length allows it.
 
 
 def bench_size(name: str) -> dict:
@@ -60,6 +72,10 @@ def bench_size(name: str) -> dict:
       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
       decoder_ffn_dim=ffn, max_position_embeddings=max(1024, _SOURCE.value))
   reference = transformers.BartForConditionalGeneration(config).eval()
+  early_eos = _MAX_LENGTH.value is not None and _MAX_LENGTH.value > _NEW.value + 1
+  if early_eos:
+    with torch.no_grad():
+      reference.final_logits_bias[0, config.eos_token_id] = EOS_BIAS
   with tempfile.TemporaryDirectory() as folder:
     reference.save_pretrained(folder, safe_serialization=True)
     ours = hf_bart.load(folder)
@@ -67,8 +83,11 @@ def bench_size(name: str) -> dict:
   rng = np.random.default_rng(0)
   ids = rng.integers(3, vocab, (_BATCH.value, _SOURCE.value))
   mask = np.ones_like(ids)
-  max_length = _NEW.value + 1  # The decoder start token counts.
-  settings = dict(max_length=max_length, min_length=max_length, num_beams=_BEAMS.value)
+  if early_eos:  # EOS at the --new_tokens-th token, the loop set up for --max_length.
+    settings = dict(max_length=_MAX_LENGTH.value, min_length=_NEW.value)
+  else:  # The decoder start token counts; the last token is the forced EOS.
+    settings = dict(max_length=_NEW.value + 1, min_length=_NEW.value + 1)
+  settings["num_beams"] = _BEAMS.value
   tokens = _BATCH.value * _NEW.value
   torch_ids, torch_mask = torch.tensor(ids), torch.tensor(mask)
   jax_ids, jax_mask = jax.numpy.asarray(ids, np.int32), jax.numpy.asarray(mask, np.int32)
@@ -91,6 +110,10 @@ def bench_size(name: str) -> dict:
     ours_times += _timed(run_ours, 1)
     hf_times += _timed(run_hf, 1)
   same = float((hf_tokens == ours_tokens[:, :hf_tokens.shape[1]]).all(-1).mean())
+  generated = (ours_tokens[:, 1:] == config.eos_token_id).argmax(-1) + 1  # Through EOS.
+  if not (generated == _NEW.value).all():  # The throughput assumes it.
+    raise RuntimeError(f"rows generated {sorted(set(generated.tolist()))} tokens, not "
+                       f"{_NEW.value}")
   ours_s, hf_s = min(ours_times), min(hf_times)
   return dict(size=name, d_model=d_model, layers=layers, heads=heads, ffn=ffn, vocab=vocab,
               ours_seconds=ours_times, reference_seconds=hf_times,
@@ -120,8 +143,9 @@ def main(argv: list[str]) -> None:
   torch.set_num_threads(threads)
   results = [bench_size(name) for name in _SIZES.value]
   mode = "greedy" if _BEAMS.value == 1 else f"beam {_BEAMS.value}"
+  limit = f" (max_length {_MAX_LENGTH.value})" if _MAX_LENGTH.value else ""
   print(f"BART {mode} decoding, batch {_BATCH.value} x source {_SOURCE.value}, "
-        f"{_NEW.value} new tokens per row; best of {_REPEATS.value} interleaved runs; "
+        f"{_NEW.value} new tokens per row{limit}; best of {_REPEATS.value} interleaved runs; "
         f"{threads} torch threads; XLA {jax.devices()[0].platform} on {cpus} CPUs")
   print(f"{'size':24s} {'ours tok/s':>11s} {'HF tok/s':>11s} {'ours/HF':>8s} "
         f"{'same rows':>9s} {'compile s':>9s}")
@@ -130,7 +154,8 @@ def main(argv: list[str]) -> None:
     print(f"{label:24s} {r['ours_tokens_per_s']:11.1f} {r['reference_tokens_per_s']:11.1f} "
           f"{r['ratio']:7.2f}x {r['identical_rows']:9.0%} {r['ours_compile_seconds']:9.1f}")
   output = dict(benchmark="bart_decoding", mode=mode, batch=_BATCH.value,
-                source_length=_SOURCE.value, new_tokens=_NEW.value, torch_threads=threads,
+                source_length=_SOURCE.value, new_tokens=_NEW.value,
+                max_length=_MAX_LENGTH.value or _NEW.value + 1, torch_threads=threads,
                 cpus=cpus, platform=jax.devices()[0].platform,
                 timing="best of interleaved runs", results=results)
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)

@@ -134,6 +134,11 @@ def test_extractors_read_each_scripts_json():
   assert base["benchmark"] == "bart_greedy" and "greedy decoding" in base["name"]
   assert base["met"] is False and small["met"] is True and small["target"] == ">= 2.0x"
   assert "50%" in small["note"]
+  assert "max_length" not in base["name"]  # Older JSON has none: the limit was new + 1.
+  assert "max_length" not in run_all.extract_bart(dict(BART, max_length=65), "b")[0]["name"]
+  long_base, _ = run_all.extract_bart(dict(BART, mode="beam 4", max_length=401), "bart_beam_400")
+  assert long_base["name"] == ("BART base beam 4 decoding, batch 8, 64 new tokens "
+                               "(max_length 401)")
 
   (trainer,) = run_all.extract_trainer(TRAINER)
   assert trainer["ratio"] == pytest.approx(1.06) and trainer["met"] is False
@@ -165,7 +170,7 @@ def test_extractors_read_each_scripts_json():
 def test_every_benchmark_has_an_extractor_for_its_example():
   examples = {"bert": BERT, "clip": CLIP, "search": SEARCH, "verify": VERIFY,
               "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_beam": BART,
-              "trainer": TRAINER, "contrastive": CONTRASTIVE, "data": DATA}
+              "bart_beam_400": dict(BART, mode="beam 4", max_length=401), "trainer": TRAINER, "contrastive": CONTRASTIVE, "data": DATA}
   assert set(examples) == set(run_all.BY_NAME)
   for name, data in examples.items():
     rows = run_all.BY_NAME[name].extract(data)

@@ -104,33 +104,51 @@ BEAM_SETTINGS = [
 ]
 
 
+# The loop in one segment (MAX_LENGTH is under the default first segment) and in three
+# (cache lengths 4, 8, 19: the cache grows twice while rows are still running).
+SEGMENTS = [decoding.CACHE_SEGMENT, 4]
+
+
+@pytest.mark.parametrize("cache_segment", SEGMENTS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_greedy_is_token_identical_to_hf(models, seed):
+def test_greedy_is_token_identical_to_hf(models, seed, cache_segment):
   reference, ours, _ = models
   ids, mask = _sources(seed)
   for settings in GREEDY_SETTINGS:
     want, _ = _hf_generate(reference, ids, mask, **settings)
-    out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
+    out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH,
+                            cache_segment=cache_segment, **settings)
     np.testing.assert_array_equal(out.sequences, want, err_msg=str(settings))
     is_eos = want[:, 1:] == EOS
     expected_lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 2, MAX_LENGTH)
     np.testing.assert_array_equal(out.lengths, expected_lengths)
 
 
+@pytest.mark.parametrize("cache_segment", SEGMENTS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_search_is_token_identical_to_hf(models, seed):
+def test_beam_search_is_token_identical_to_hf(models, seed, cache_segment):
   reference, ours, _ = models
   ids, mask = _sources(seed)
   lengths = set()
   for settings in BEAM_SETTINGS:
     settings = dict(num_beams=4, no_repeat_ngram_size=3, **settings)
     want, want_scores = _hf_generate(reference, ids, mask, **settings)
-    out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH, **settings)
+    out = decoding.generate(ours, ids, mask, max_length=MAX_LENGTH,
+                            cache_segment=cache_segment, **settings)
     np.testing.assert_array_equal(out.sequences, want, err_msg=str(settings))
     np.testing.assert_allclose(out.scores, want_scores, atol=1e-4, err_msg=str(settings))
     lengths.update(np.asarray(out.lengths).tolist())
   # The settings exercise hypotheses that end early, not only forced endings.
   assert min(lengths) < MAX_LENGTH - 2, lengths
+
+
+def test_cache_segments_double_up_to_the_positions():
+  assert decoding.segment_lengths(19, 4) == [4, 8, 19]
+  assert decoding.segment_lengths(399, 64) == [64, 128, 256, 399]
+  assert decoding.segment_lengths(100, 64) == [64, 100]
+  assert decoding.segment_lengths(65, 64) == [65]  # No segment for the last step alone.
+  assert decoding.segment_lengths(64, 64) == [64]
+  assert decoding.segment_lengths(399, 0) == [399]
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -202,6 +202,18 @@ class DecoderCache:
   def max_length(self) -> int:
     return self.layers[0].key.shape[-1]
 
+  def grow(self, max_length: int) -> DecoderCache:
+    """The same entries in a cache of `max_length` self-attention positions (zeros after)."""
+    extra = max_length - self.max_length
+    if extra < 0:
+      raise ValueError(f"cannot shrink a cache of {self.max_length} positions to {max_length}")
+    if extra == 0:
+      return self
+    return self.replace(layers=tuple(
+        c.replace(key=jnp.pad(c.key, ((0, 0), (0, 0), (0, 0), (0, extra))),
+                  value=jnp.pad(c.value, ((0, 0), (0, 0), (0, extra), (0, 0))))
+        for c in self.layers))
+
   def reorder(self, rows: jax.Array) -> DecoderCache:
     """Self-attention entries of `rows` (beam search); cross entries are the same per source."""
     return self.replace(layers=tuple(

@@ -1,9 +1,15 @@
 """Compiled generation for BART: greedy, beam search and top-k / top-p sampling.
 
-Each strategy is one XLA program: the encoder runs once, then a lax.while_loop feeds one
+Each strategy is one XLA program: the encoder runs once, then lax.while_loops feed one
 token per step through `Bart.decode` with a static-shape KV cache. There is no per-token
 Python and no host callback, so `generate_core` also runs inside a jitted training step
 (the REINFORCE loop samples from the current policy).
+
+The loop runs in segments over a cache that grows (`segment_lengths`): a step's
+self-attention, and beam search's cache reorder, read the cache's whole length, so a single
+loop over a max_length cache would pay every step for max_length positions, and texts that
+end long before max_length (beam search to the paper's 400 tokens, rulings of ~100) would
+read and reorder several times the cache they use.
 
 Semantics follow transformers' `generate` for encoder-decoder models (5.x) step for step:
 logits processors in HF's order (no_repeat_ngram, min_length, forced BOS, forced EOS; then
@@ -33,10 +39,11 @@ from mocheg_jax.models.bart import Bart, BartConfig
 
 NEG = -1.0e9  # HF's "impossible" score in beam search (a finite number, not -inf).
 HF_DEFAULT_NEW_TOKENS = 20  # HF generates 20 new tokens when no max_length is set anywhere.
+CACHE_SEGMENT = 64  # Cache positions of the decoding loop's first segment (0: one loop).
 _OVERRIDABLE = ("max_length", "min_length", "num_beams", "do_sample", "early_stopping",
                 "length_penalty", "no_repeat_ngram_size", "temperature", "top_k", "top_p",
                 "decoder_start_token_id", "eos_token_id", "pad_token_id",
-                "forced_bos_token_id", "forced_eos_token_id")
+                "forced_bos_token_id", "forced_eos_token_id", "cache_segment")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,8 @@ class GenerationConfig:
   pad_token_id: int = 1
   forced_bos_token_id: int | None = None
   forced_eos_token_id: int | None = None
+  cache_segment: int = CACHE_SEGMENT  # Not a generation setting: the loop's first cache
+  #   length (segment_lengths); results do not depend on it, compile time and speed do.
 
   @classmethod
   def from_model(cls, config: BartConfig, **overrides: Any) -> GenerationConfig:
@@ -104,8 +113,9 @@ class GenerationConfig:
                        f"{self.early_stopping!r}")
     if not self.eos_token_id:
       raise ValueError("eos_token_id is required")
-    if self.min_length < 0 or self.no_repeat_ngram_size < 0 or self.top_k < 0:
-      raise ValueError("min_length, no_repeat_ngram_size and top_k must be >= 0")
+    if min(self.min_length, self.no_repeat_ngram_size, self.top_k, self.cache_segment) < 0:
+      raise ValueError("min_length, no_repeat_ngram_size, top_k and cache_segment must be "
+                       ">= 0")
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
     if not self.temperature > 0.0:
@@ -248,6 +258,39 @@ def _set_column(buffer: jax.Array, column: jax.Array, index: jax.Array) -> jax.A
 
 
 # ---- strategies -----------------------------------------------------------------------
+def segment_lengths(positions: int, first: int) -> list[int]:
+  """The cache length of each decoding loop segment, for `positions` decoder positions.
+
+  Doubling from `first` (0: one segment), the last one `positions`; a last step under 1.5x
+  joins the segment before it, so that no segment is compiled for a few steps. Each segment
+  is one more copy of the loop body to compile; in exchange a step never reads more than
+  twice the positions written so far (or `first`).
+  """
+  lengths = []
+  n = first
+  while 0 < n < positions:
+    lengths.append(n)
+    n *= 2
+  if lengths and positions < lengths[-1] * 3 // 2:
+    lengths.pop()
+  return lengths + [positions]
+
+
+def _segmented_loop(cond, body, carry: dict, config: GenerationConfig) -> dict:
+  """lax.while_loop(cond, body, carry) in segments of growing cache length
+  (segment_lengths); carry["cache"] starts at the first segment's length. The token at
+  position cur_len - 1 is written at cache index cur_len - 1, so a segment of n positions
+  runs while cur_len <= n."""
+  for n in segment_lengths(config.max_length - 1, config.cache_segment):
+    carry = dict(carry, cache=carry["cache"].grow(n))
+    carry = jax.lax.while_loop(lambda c, n=n: cond(c) & (c["cur_len"] <= n), body, carry)
+  return carry
+
+
+def _first_segment(config: GenerationConfig) -> int:
+  return segment_lengths(config.max_length - 1, config.cache_segment)[0]
+
+
 def _initial_cache(model: Bart, memory: jax.Array, length: int, repeat: int):
   """The cache, behind an optimisation barrier: otherwise XLA sinks the (loop-invariant)
   cross-attention projections and layout changes into the loop and redoes them per step."""
@@ -272,7 +315,7 @@ def _greedy_or_sample(model: Bart, memory: jax.Array, memory_mask: jax.Array,
   sequences = sequences.at[:, 0].set(_start_column(config, rows, start_ids))
   carry = dict(sequences=sequences, cur_len=jnp.asarray(1, jnp.int32),
                unfinished=jnp.ones((rows,), bool), scores=jnp.zeros((rows,), jnp.float32),
-               cache=_initial_cache(model, memory, length - 1, 1))
+               cache=_initial_cache(model, memory, _first_segment(config), 1))
 
   def body(c):
     m = nnx.merge(graphdef, state)
@@ -297,7 +340,7 @@ def _greedy_or_sample(model: Bart, memory: jax.Array, memory_mask: jax.Array,
   def cond(c):
     return c["unfinished"].any() & (c["cur_len"] < length)
 
-  c = jax.lax.while_loop(cond, body, carry)
+  c = _segmented_loop(cond, body, carry, config)
   return GenerateOutput(sequences=c["sequences"], lengths=_lengths(c["sequences"], config),
                         scores=c["scores"])
 
@@ -327,7 +370,7 @@ def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
       sequences=sequences, scores=jnp.full((batch, beams), NEG),
       finished=jnp.zeros((batch, beams), bool), unsatisfied=jnp.ones((batch, 1), bool),
       done=jnp.asarray(False), cur_len=jnp.asarray(1, jnp.int32),
-      cache=_initial_cache(model, memory, length - 1, beams))
+      cache=_initial_cache(model, memory, _first_segment(config), beams))
 
   def body(c):
     m = nnx.merge(graphdef, state)
@@ -376,7 +419,7 @@ def _beam_search(model: Bart, memory: jax.Array, memory_mask: jax.Array,
   def cond(c):
     return ~c["done"] & (c["cur_len"] < length)
 
-  c = jax.lax.while_loop(cond, body, carry)
+  c = _segmented_loop(cond, body, carry, config)
   best = c["sequences"][:, 0]
   return GenerateOutput(sequences=best, lengths=_lengths(best, config),
                         scores=c["scores"][:, 0])
