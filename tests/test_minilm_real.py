@@ -116,17 +116,21 @@ def test_encode_edge_cases_and_compiled_shapes(models):
     ours.encode(["fine", None])
   with pytest.raises(ValueError, match="truncation_side"):
     ours.encode(["x"], truncation_side="middle")
-  # 40 texts of 1-12 words in batches of 8: one program per (batch, length) bucket used,
-  # i.e. lengths 8, 12 or 16 (plus at most one partial batch shape), not one per batch.
+  # 40 texts of 1-12 words (3-14 tokens) in 5 batches of 8: one program per length bucket
+  # used (8, 10, 12 or 14), not one per batch; the same texts again compile nothing.
   forward = st._forward(nnx.graphdef(ours.encoder))
   before = forward._cache_size()
   rng = random.Random(3)
   texts = [" ".join(["word"] * rng.randint(1, 12)) for _ in range(40)]
   ours.encode(texts, batch_size=8)
+  compiled = forward._cache_size() - before
   ours.encode(texts[::-1], batch_size=8)
-  assert forward._cache_size() - before <= 3
-  assert st.length_buckets(256) == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
-  assert st.length_buckets(100) == [8, 12, 16, 24, 32, 48, 64, 96, 100]
+  assert forward._cache_size() - before == compiled <= 4
+  assert st.length_buckets(256) == [8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96,
+                                    112, 128, 160, 192, 224, 256]
+  assert st.length_buckets(100) == [8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96,
+                                    100]
+  assert st.length_buckets(256, per_octave=2) == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 
 
 def test_export_is_a_sentence_transformers_folder(models, tmp_path):
