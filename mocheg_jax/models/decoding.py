@@ -263,8 +263,8 @@ def segment_lengths(positions: int, first: int) -> list[int]:
 
   Doubling from `first` (0: one segment), the last one `positions`; a last step under 1.5x
   joins the segment before it, so that no segment is compiled for a few steps. Each segment
-  is one more copy of the loop body to compile; in exchange a step never reads more than
-  twice the positions written so far (or `first`).
+  is one more copy of the loop body to compile; in exchange a step reads at most twice the
+  positions written so far (three times in a merged last segment), or `first`.
   """
   lengths = []
   n = first
