@@ -47,6 +47,9 @@ _BEAMS = flags.DEFINE_integer("num_beams", 1, "1: greedy; more: beam search.")
 _MAX_LENGTH = flags.DEFINE_integer(
     "max_length", None, "Generation limit counting the start token (default: --new_tokens "
     "+ 1); larger: rows end early with EOS (module docstring).")
+_SEGMENT = flags.DEFINE_integer(
+    "cache_segment", None, "Our decoding loop's first KV-cache segment (default: the "
+    "library's; 0: one loop over a max_length cache, as before segments).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per side (interleaved).")
 _THREADS = flags.DEFINE_integer("threads", None, "torch threads (default: all CPUs).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/bart.json", "JSON output path.")
@@ -88,6 +91,9 @@ def bench_size(name: str) -> dict:
   else:  # The decoder start token counts; the last token is the forced EOS.
     settings = dict(max_length=_NEW.value + 1, min_length=_NEW.value + 1)
   settings["num_beams"] = _BEAMS.value
+  ours_settings = dict(settings)
+  if _SEGMENT.value is not None:
+    ours_settings["cache_segment"] = _SEGMENT.value
   tokens = _BATCH.value * _NEW.value
   torch_ids, torch_mask = torch.tensor(ids), torch.tensor(mask)
   jax_ids, jax_mask = jax.numpy.asarray(ids, np.int32), jax.numpy.asarray(mask, np.int32)
@@ -98,7 +104,7 @@ def bench_size(name: str) -> dict:
                                 do_sample=False, use_cache=True, **settings).numpy()
 
   def run_ours():
-    out = decoding.generate(ours, jax_ids, jax_mask, **settings)
+    out = decoding.generate(ours, jax_ids, jax_mask, **ours_settings)
     return np.asarray(jax.block_until_ready(out.sequences))
 
   start = time.perf_counter()
@@ -135,6 +141,8 @@ def main(argv: list[str]) -> None:
   import jax
   import torch
 
+  from mocheg_jax.models import decoding
+
   unknown = sorted(set(_SIZES.value) - set(SIZES))
   if unknown:
     raise app.UsageError(f"unknown size(s) {unknown}; expected {sorted(SIZES)}")
@@ -155,7 +163,10 @@ def main(argv: list[str]) -> None:
           f"{r['ratio']:7.2f}x {r['identical_rows']:9.0%} {r['ours_compile_seconds']:9.1f}")
   output = dict(benchmark="bart_decoding", mode=mode, batch=_BATCH.value,
                 source_length=_SOURCE.value, new_tokens=_NEW.value,
-                max_length=_MAX_LENGTH.value or _NEW.value + 1, torch_threads=threads,
+                max_length=_MAX_LENGTH.value or _NEW.value + 1,
+                cache_segment=(decoding.CACHE_SEGMENT if _SEGMENT.value is None
+                               else _SEGMENT.value),
+                torch_threads=threads,
                 cpus=cpus, platform=jax.devices()[0].platform,
                 timing="best of interleaved runs", results=results)
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
