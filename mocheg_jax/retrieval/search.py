@@ -24,9 +24,10 @@ candidates in row order), so results are deterministic and independent of the me
 Single-process: chunks are placed with jax.device_put, so every mesh device must be local
 (a multi-host job searches on each host with a mesh of its local devices).
 
-Measured (benchmarks/bench_search.py, 2-core CPU, 2,442 x 2,792,639 x 384, k=10): 0.93x to
-2x faiss IndexFlatIP's throughput on a loaded machine, 1.03x-1.17x less CPU time, 2.5-2.9 GB
-peak against faiss's 6.8 GB, identical top-10 ids (BENCHMARKS.md).
+Measured (benchmarks/bench_search.py, 2-core CPU, 2,442 x 2,792,639 x 384, k=10): 0.93x
+faiss IndexFlatIP's throughput on a loaded machine (2026-11-29), 0.75x on an idle AVX2 one
+(2026-12-03, after the aligned buffers of `_chunks`), 2.1-2.9 GB peak against faiss's
+6.8 GB, identical top-10 ids (BENCHMARKS.md).
 """
 
 from __future__ import annotations
