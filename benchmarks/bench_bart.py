@@ -58,6 +58,12 @@ _OUT = flags.DEFINE_string("out", "benchmarks/out/bart.json", "JSON output path.
 EOS_BIAS = 100.0  # With --max_length: EOS wins at once when min_length allows it.
 
 
+def _max_length() -> int:
+  """The generation limit in effect (the start token counted): --max_length when it is
+  above the default --new_tokens + 1."""
+  return max(_MAX_LENGTH.value or 0, _NEW.value + 1)
+
+
 def bench_size(name: str) -> dict:
   """One model size: both sides, same weights, inputs and settings; interleaved timing."""
   import jax
@@ -75,7 +81,7 @@ def bench_size(name: str) -> dict:
       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
       decoder_ffn_dim=ffn, max_position_embeddings=max(1024, _SOURCE.value))
   reference = transformers.BartForConditionalGeneration(config).eval()
-  early_eos = _MAX_LENGTH.value is not None and _MAX_LENGTH.value > _NEW.value + 1
+  early_eos = _max_length() > _NEW.value + 1
   if early_eos:
     with torch.no_grad():
       reference.final_logits_bias[0, config.eos_token_id] = EOS_BIAS
@@ -87,7 +93,7 @@ def bench_size(name: str) -> dict:
   ids = rng.integers(3, vocab, (_BATCH.value, _SOURCE.value))
   mask = np.ones_like(ids)
   if early_eos:  # EOS at the --new_tokens-th token, the loop set up for --max_length.
-    settings = dict(max_length=_MAX_LENGTH.value, min_length=_NEW.value)
+    settings = dict(max_length=_max_length(), min_length=_NEW.value)
   else:  # The decoder start token counts; the last token is the forced EOS.
     settings = dict(max_length=_NEW.value + 1, min_length=_NEW.value + 1)
   settings["num_beams"] = _BEAMS.value
@@ -151,7 +157,7 @@ def main(argv: list[str]) -> None:
   torch.set_num_threads(threads)
   results = [bench_size(name) for name in _SIZES.value]
   mode = "greedy" if _BEAMS.value == 1 else f"beam {_BEAMS.value}"
-  limit = f" (max_length {_MAX_LENGTH.value})" if _MAX_LENGTH.value else ""
+  limit = f" (max_length {_max_length()})" if _max_length() > _NEW.value + 1 else ""
   print(f"BART {mode} decoding, batch {_BATCH.value} x source {_SOURCE.value}, "
         f"{_NEW.value} new tokens per row{limit}; best of {_REPEATS.value} interleaved runs; "
         f"{threads} torch threads; XLA {jax.devices()[0].platform} on {cpus} CPUs")
@@ -163,7 +169,7 @@ def main(argv: list[str]) -> None:
           f"{r['ratio']:7.2f}x {r['identical_rows']:9.0%} {r['ours_compile_seconds']:9.1f}")
   output = dict(benchmark="bart_decoding", mode=mode, batch=_BATCH.value,
                 source_length=_SOURCE.value, new_tokens=_NEW.value,
-                max_length=_MAX_LENGTH.value or _NEW.value + 1,
+                max_length=_max_length(),
                 cache_segment=(decoding.CACHE_SEGMENT if _SEGMENT.value is None
                                else _SEGMENT.value),
                 torch_threads=threads,

@@ -67,6 +67,7 @@ BART = {"benchmark": "bart_decoding", "mode": "greedy", "batch": 8, "source_leng
              "ratio": 1.6, "identical_rows": 1.0},
             {"size": "small", "ours_tokens_per_s": 2000.0, "reference_tokens_per_s": 900.0,
              "ratio": 2.22, "identical_rows": 0.5}]}
+BART_BEAM_400 = dict(BART, mode="beam 4", max_length=401)
 TRAINER = {"benchmark": "trainer", "overhead": {
     "variant": "small", "mesh": "data=8", "log_every": 50,
     "trainer": {"median_ms": 145.5, "cpu_median_ms": 106.0},
@@ -136,7 +137,7 @@ def test_extractors_read_each_scripts_json():
   assert "50%" in small["note"]
   assert "max_length" not in base["name"]  # Older JSON has none: the limit was new + 1.
   assert "max_length" not in run_all.extract_bart(dict(BART, max_length=65), "b")[0]["name"]
-  long_base, _ = run_all.extract_bart(dict(BART, mode="beam 4", max_length=401), "bart_beam_400")
+  long_base, _ = run_all.extract_bart(BART_BEAM_400, "bart_beam_400")
   assert long_base["name"] == ("BART base beam 4 decoding, batch 8, 64 new tokens "
                                "(max_length 401)")
 
@@ -170,7 +171,8 @@ def test_extractors_read_each_scripts_json():
 def test_every_benchmark_has_an_extractor_for_its_example():
   examples = {"bert": BERT, "clip": CLIP, "search": SEARCH, "verify": VERIFY,
               "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_beam": BART,
-              "bart_beam_400": dict(BART, mode="beam 4", max_length=401), "trainer": TRAINER, "contrastive": CONTRASTIVE, "data": DATA}
+              "bart_beam_400": BART_BEAM_400, "trainer": TRAINER, "contrastive": CONTRASTIVE,
+              "data": DATA}
   assert set(examples) == set(run_all.BY_NAME)
   for name, data in examples.items():
     rows = run_all.BY_NAME[name].extract(data)

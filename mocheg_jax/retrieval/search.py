@@ -170,9 +170,9 @@ def _chunks(index: EmbeddingIndex | np.ndarray, size: int) -> Iterator[tuple[int
   n = len(index)
   if isinstance(index, np.ndarray):
     dtype = index.dtype if index.dtype in (np.float32, np.float16) else np.float32
+    dim = index.shape[1]
   else:
-    dtype = index.dtype
-  dim = index.shape[1] if isinstance(index, np.ndarray) else index.dim
+    dtype, dim = index.dtype, index.dim
   buffers = [_aligned_empty((size, dim), dtype) for _ in range(min(2, -(-n // size)))]
   for i, start in enumerate(range(0, n, size)):
     stop = min(start + size, n)
