@@ -32,11 +32,13 @@ def test_layer_norm_matches_numpy_and_computes_in_float32():
   np.testing.assert_allclose(np.asarray(y, np.float32), expected, atol=2e-2)
 
 
-def _naive_attention(q, k, v, mask):
+def _naive_attention(q, k, v, mask, keep=None, rate=0.0):
   logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   logits = np.where(mask, logits, -1e30)
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
+  if keep is not None:
+    probs = np.where(keep, probs / (1 - rate), 0.0)
   return np.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
@@ -51,10 +53,37 @@ def test_attention_masks_padding_and_future():
   k2 = k.copy()
   k2[0, 4] += 100
   np.testing.assert_allclose(layers.dot_product_attention(q, k2, v, mask=mask), out, atol=1e-6)
-  # The written-out dropout path agrees with the fused one at rate -> 0 in expectation form.
-  slow = layers.dot_product_attention(q, k, v, mask=mask, dropout_rate=1e-9,
-                                      dropout_rng=jax.random.key(0), deterministic=False)
-  np.testing.assert_allclose(slow, out, atol=1e-5)
+  # One query (the decoding path, written differently) gives the same row.
+  last = layers.dot_product_attention(q[:, 4:], k, v, mask=mask[..., 4:, :])
+  np.testing.assert_allclose(last, out[:, 4:], atol=1e-5)
+
+
+def test_attention_dropout_drops_probabilities_and_rescales():
+  rng = np.random.default_rng(1)
+  q, k, v = (rng.normal(size=(2, 6, 3, 4)).astype(np.float32) for _ in range(3))
+  mask = np.asarray(layers.causal_mask(6))
+  key, rate = jax.random.key(3), 0.5
+  out = layers.dot_product_attention(q, k, v, mask=mask, dropout_rate=rate, dropout_rng=key,
+                                     deterministic=False)
+  keep = np.asarray(jax.random.bernoulli(key, 1 - rate, (2, 3, 6, 6)))
+  assert 0.3 < keep.mean() < 0.7
+  np.testing.assert_allclose(out, _naive_attention(q, k, v, mask, keep, rate), atol=1e-5)
+  # Deterministic calls ignore the rate.
+  np.testing.assert_allclose(
+      layers.dot_product_attention(q, k, v, mask=mask, dropout_rate=rate, dropout_rng=key),
+      _naive_attention(q, k, v, mask), atol=1e-5)
+
+
+def test_attention_in_bfloat16_keeps_float32_logits():
+  rng = np.random.default_rng(2)
+  q, k, v = (rng.normal(size=(2, 8, 2, 16)).astype(np.float32) for _ in range(3))
+  mask = np.ones((1, 1, 8, 8), bool)
+  out = layers.dot_product_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)),
+                                     mask=mask)
+  assert out.dtype == jnp.bfloat16
+  bf = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+  np.testing.assert_allclose(np.asarray(out, np.float32),
+                             _naive_attention(bf(q), bf(k), bf(v), mask), atol=3e-2)
 
 
 def test_attention_module_cross_and_precomputed_kv():

@@ -164,20 +164,31 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                           deterministic: bool = True) -> jax.Array:
   """Scaled dot-product attention. q: [B, Q, H, D], k/v: [B, K, H, D] -> [B, Q, H, D].
 
-  `mask` is boolean, broadcastable to [B, H, Q, K], True where attention is allowed. With
-  attention-probability dropout active the softmax is written out (jax.nn's fused version
-  has no dropout); otherwise jax.nn.dot_product_attention picks the best kernel.
+  `mask` is boolean, broadcastable to [B, H, Q, K], True where attention is allowed.
+  Logits and softmax are float32 whatever the compute dtype; attention-probability dropout
+  applies when `dropout_rate` > 0 and not `deterministic`.
+
+  Written head-major: q, k and v are transposed to [B, H, L, D] so both products are
+  plain batched matmuls. XLA:CPU runs the [B, L, H, D] einsums that
+  jax.nn.dot_product_attention (whose default is this same XLA math, no fused kernel)
+  writes as strided loops: one BERT-sized layer forward and backward took ~20% longer
+  that way, the product with the probabilities up to 3x (BENCHMARKS.md). A single query
+  (incremental decoding) keeps the einsum form: there the transposes would copy the
+  whole KV cache every step.
   """
-  if deterministic or dropout_rate == 0.0:
+  dropout = not deterministic and dropout_rate > 0.0
+  if q.shape[1] == 1 and not dropout:
     return jax.nn.dot_product_attention(q, k, v, mask=mask)
-  scale = q.shape[-1] ** -0.5
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+  q, k, v = (x.swapaxes(1, 2) for x in (q, k, v))
+  logits = jnp.matmul(q, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+  logits = logits * q.shape[-1] ** -0.5
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
-  keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-  probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0).astype(v.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+  if dropout:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.matmul(probs.astype(v.dtype), v).swapaxes(1, 2)
 
 
 class Attention(nnx.Module):
