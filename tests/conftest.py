@@ -3,6 +3,7 @@
 import os
 
 # None of these imports JAX: the set-up below comes first.
+from mocheg_jax.utils import host_memory
 from mocheg_jax.utils.host_devices import host_device_flags
 from tests import tiny_job
 from tests.processes import FAST_COMPILE_FLAGS
@@ -13,6 +14,7 @@ from tests.processes import FAST_COMPILE_FLAGS
 os.environ.setdefault("XLA_FLAGS", f"{host_device_flags(8)} "
                       f"--xla_cpu_use_fusion_emitters=false {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+host_memory.keep_freed_memory()  # As the scripts do (mocheg_jax/utils/host_memory.py).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

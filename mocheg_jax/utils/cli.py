@@ -1,5 +1,6 @@
 """What every absl entry point shares: unusable input ends in one clear line and exit 1,
-and library INFO logs (TFDS prints several per dataset) stay quiet unless --verbosity asks.
+library INFO logs (TFDS prints several per dataset) stay quiet unless --verbosity asks, and
+freed host memory stays with the process (mocheg_jax/utils/host_memory.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Callable
 from absl import flags, logging
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.utils import host_memory
 
 # Errors that mean "the input cannot be used", as opposed to bugs (which keep tracebacks).
 USER_ERRORS = (MochegInputError, FileNotFoundError, NotADirectoryError, FileExistsError)
@@ -27,10 +29,12 @@ class Stopped(Exception):
 
 def friendly_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
   """Wraps an absl `main`: user errors print `error: ...` to stderr and exit with 1; a
-  `Stopped` job prints `stopped: ...` and exits with 128 + the signal's number."""
+  `Stopped` job prints `stopped: ...` and exits with 128 + the signal's number; glibc keeps
+  freed memory (`host_memory.keep_freed_memory`)."""
 
   @functools.wraps(main)
   def wrapped(argv: list[str]) -> None:
+    host_memory.keep_freed_memory()  # Before JAX's CPU backend starts (host_memory.py).
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)
     try:
