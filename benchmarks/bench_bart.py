@@ -183,5 +183,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   from mocheg_jax.utils import host_memory
-  host_memory.keep_freed_memory()  # Both sides alike (mocheg_jax/utils/host_memory.py).
+  host_memory.keep_freed_memory_if_asked()  # Both sides alike (mocheg_jax/utils/host_memory.py).
   app.run(main)

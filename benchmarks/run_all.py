@@ -46,6 +46,8 @@ from typing import Any, Callable, Sequence
 
 from absl import app, flags
 
+from mocheg_jax.utils import host_memory
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HERE = os.path.join(_REPO, "benchmarks")
 
@@ -441,7 +443,9 @@ def machine_info() -> dict[str, Any]:
               versions={p: _version(p) for p in ("jax", "jaxlib", "flax", "torch",
                                                  "transformers", "sentence-transformers",
                                                  "faiss-cpu")},
-              load_average_start=list(os.getloadavg()))
+              load_average_start=list(os.getloadavg()),
+              # The benchmarks it starts inherit the variable (host_memory.py).
+              keep_freed_memory=os.environ.get(host_memory.ENV_VAR) == "1")
 
 
 def _fmt(x: float | None) -> str:
@@ -462,6 +466,7 @@ def markdown_table(results: dict[str, Any]) -> str:
   v = m["versions"]
   lines = [f"CPU x{m['cpu_count']}, load average {start:.1f} -> {end:.1f}; jax {v.get('jax')}, "
            f"torch {v.get('torch')}, transformers {v.get('transformers')}"
+           + (f"; {host_memory.ENV_VAR}=1" if m.get("keep_freed_memory") else "")
            + ("; QUICK MODE (smoke sizes: the ratios are not the benchmarks' figures)"
               if results["quick"] else ""), "",
            "| figure | ours | reference | ratio | target | met | peak RSS |",

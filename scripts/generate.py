@@ -162,5 +162,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   from mocheg_jax.utils import host_memory
-  host_memory.keep_freed_memory()  # Before JAX starts (mocheg_jax/utils/host_memory.py).
+  host_memory.keep_freed_memory_if_asked()  # Before JAX starts (mocheg_jax/utils/host_memory.py).
   app.run(main)

@@ -14,7 +14,7 @@ from tests.processes import FAST_COMPILE_FLAGS
 os.environ.setdefault("XLA_FLAGS", f"{host_device_flags(8)} "
                       f"--xla_cpu_use_fusion_emitters=false {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-host_memory.keep_freed_memory()  # As the scripts do (mocheg_jax/utils/host_memory.py).
+host_memory.keep_freed_memory_if_asked()  # As the scripts do (mocheg_jax/utils/host_memory.py).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -266,3 +266,17 @@ def test_results_json_and_table(tmp_path):
   assert "- search: exit code 1 (last stderr line: `faiss is not installed`)" in lines
   assert "- clip: bench_clip.py: key 'batch' is missing from its JSON (no 'batch')" in lines
   assert "- trainer: timed out after 900 s" in lines
+
+
+@pytest.mark.parametrize("value, kept", [("1", True), ("0", False), (None, False)])
+def test_the_table_says_when_freed_memory_was_kept(monkeypatch, value, kept):
+  if value is None:
+    monkeypatch.delenv(run_all.host_memory.ENV_VAR, raising=False)
+  else:
+    monkeypatch.setenv(run_all.host_memory.ENV_VAR, value)
+  machine = run_all.machine_info()
+  assert machine["keep_freed_memory"] is kept
+  machine["load_average_end"] = machine["load_average_start"]
+  header = run_all.markdown_table(dict(machine=machine, quick=False, figures=[],
+                                       failures=[])).splitlines()[0]
+  assert ("MOCHEG_JAX_KEEP_FREED_MEMORY=1" in header) is kept

@@ -30,11 +30,11 @@ class Stopped(Exception):
 def friendly_errors(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
   """Wraps an absl `main`: user errors print `error: ...` to stderr and exit with 1; a
   `Stopped` job prints `stopped: ...` and exits with 128 + the signal's number; glibc keeps
-  freed memory (`host_memory.keep_freed_memory`)."""
+  freed memory when asked (`host_memory.keep_freed_memory_if_asked`)."""
 
   @functools.wraps(main)
   def wrapped(argv: list[str]) -> None:
-    host_memory.keep_freed_memory()  # Before JAX's CPU backend starts (host_memory.py).
+    host_memory.keep_freed_memory_if_asked()  # Before JAX's CPU backend starts (host_memory.py).
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)
     try:

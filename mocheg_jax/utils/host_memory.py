@@ -1,4 +1,4 @@
-"""Keeps freed host memory in the process, so XLA:CPU steps stop page-faulting.
+"""Optionally keeps freed host memory in the process, so XLA:CPU steps stop page-faulting.
 
 XLA:CPU allocates every step's temporaries (activations, gradients, dropout masks) with
 malloc on its worker threads and frees them when the step ends. With glibc's defaults those
@@ -8,18 +8,28 @@ blocks at all. Every step then touches gigabytes of new pages, and the kernel ze
 4 KB page on its first touch. Measured 2026-12-04 (2-vCPU AMD EPYC VM, MiniLM-shaped BERT,
 96 x 64 tokens, forward and backward): 500,000 page faults and 1.2 s of system time per
 step without dropout, 570,000 and 3.8 s with dropout 0.1 (its masks are more temporaries),
-against 0 faults with the settings below; the step's wall time went from 3.6-4.2 s to
-3.0-3.1 s without dropout and from 5.4-6.4 s to 3.3-3.5 s with it (BENCHMARKS.md).
+against 0-9,000 with the settings below; the step's wall time went from 3.6-4.2 s to
+2.9-3.2 s without dropout and from 5.4-6.5 s to 3.3-3.5 s with it (BENCHMARKS.md). What the
+faults cost depends on the VM: the same benchmark's 3.1 million faults took 47 s of system
+time that morning and 9.5 s that afternoon, when the setting gained that step 10-15%.
 
-`keep_freed_memory` tells glibc to keep what is freed: one arena for all threads (the main
-one, which grows without a size limit), no mmap'ed blocks, and no trimming of the heap's
-top. Memory then stays with the process at its peak and is reused by the next step, which
-is what jemalloc and tcmalloc do too. The cost: the process does not give memory back to
-the system while it runs. Set MOCHEG_JAX_KEEP_FREED_MEMORY=0 to leave glibc's defaults.
+With MOCHEG_JAX_KEEP_FREED_MEMORY=1, `keep_freed_memory_if_asked` tells glibc to keep what
+is freed: one arena for all threads (the main one, which grows without a size limit), no
+mmap'ed blocks, and no trimming of the heap's top. Memory then stays with the process and
+the next step reuses it. It is off by default because of what it costs:
+- Every thread's malloc takes the one arena's lock. Where many small programs run (the tiny
+  main job, the tests) that contention cost more than the faults did: the tiny main job
+  took 9-13% longer, its verification stage 15-27% (system time 12 -> 17-20 s), on 2 cores;
+  more cores contend more.
+- The process does not give memory back while it runs, and its heap can hold more than one
+  step's temporaries (a step's are freed just after its result is ready, at times after the
+  next step allocated its own): a bare step with 512 MB of temporaries run back to back
+  settled at 3.4-3.9 GB peak resident memory against 0.8 GB; the InfoNCE benchmark's peak
+  went from 4.85 to 5.08 GB.
+Turn it on for long CPU training runs of MiniLM-sized models and larger.
 
-Called by every script's entry (`cli.friendly_errors`), the benchmarks and the tests. Best
-called before JAX starts its CPU backend (threads that already run keep their arenas; in a
-process where one extra arena existed it still removed ~90% of the faults).
+Called by every script's entry (`cli.friendly_errors`), the benchmarks and the tests; it
+must run before JAX starts its CPU backend (threads that already run keep their arenas).
 """
 
 from __future__ import annotations
@@ -39,12 +49,13 @@ _M_ARENA_MAX = -8
 _NEVER = -1
 
 
-def keep_freed_memory() -> bool:
-  """Configures glibc's malloc to keep freed memory (see the module doc); True when done.
+def keep_freed_memory_if_asked() -> bool:
+  """With MOCHEG_JAX_KEEP_FREED_MEMORY=1, configures glibc's malloc to keep freed memory (see
+  the module doc); True when done.
 
-  Does nothing (False) off Linux, without glibc, or when MOCHEG_JAX_KEEP_FREED_MEMORY=0.
+  Does nothing (False) without that variable, off Linux or without glibc.
   """
-  if os.environ.get(ENV_VAR, "1") == "0":
+  if os.environ.get(ENV_VAR, "0") != "1":
     return False
   if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
     return False
