@@ -11,7 +11,8 @@ step without dropout, 570,000 and 3.8 s with dropout 0.1 (its masks are more tem
 against 0-9,000 with the settings below; the step's wall time went from 3.6-4.2 s to
 2.9-3.2 s without dropout and from 5.4-6.5 s to 3.3-3.5 s with it (BENCHMARKS.md). What the
 faults cost depends on the VM: the same benchmark's 3.1 million faults took 47 s of system
-time that morning and 9.5 s that afternoon, when the setting gained that step 10-15%.
+time that morning and 9.5 s that afternoon, when the setting gained a MiniLM-shaped step
+with dropout 8-15% and that benchmark nothing.
 
 With MOCHEG_JAX_KEEP_FREED_MEMORY=1, `keep_freed_memory_if_asked` tells glibc to keep what
 is freed: one arena for all threads (the main one, which grows without a size limit), no
