@@ -20,8 +20,9 @@ mmap'ed blocks, and no trimming of the heap's top. Memory then stays with the pr
 the next step reuses it. It is off by default because of what it costs:
 - Every thread's malloc takes the one arena's lock. Where many small programs run (the tiny
   main job, the tests) that contention cost more than the faults did: the tiny main job
-  took 9-13% longer, its verification stage 15-27% (system time 12 -> 17-20 s), on 2 cores;
-  more cores contend more.
+  took 9-13% longer in two A/B pairs, its verification stage's system time went from 12-14
+  to 17-20 s, on 2 cores; more cores contend more. (tcmalloc, preloaded, removed the faults
+  without that cost: BENCHMARKS.md.)
 - The process does not give memory back while it runs, and its heap can hold more than one
   step's temporaries (a step's are freed just after its result is ready, at times after the
   next step allocated its own): a bare step with 512 MB of temporaries run back to back
