@@ -445,7 +445,7 @@ def machine_info() -> dict[str, Any]:
                                                  "faiss-cpu")},
               load_average_start=list(os.getloadavg()),
               # The benchmarks it starts inherit the variable (host_memory.py).
-              keep_freed_memory=os.environ.get(host_memory.ENV_VAR) == "1")
+              keep_freed_memory=host_memory.asked())
 
 
 def _fmt(x: float | None) -> str:

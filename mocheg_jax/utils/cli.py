@@ -1,6 +1,7 @@
 """What every absl entry point shares: unusable input ends in one clear line and exit 1,
 library INFO logs (TFDS prints several per dataset) stay quiet unless --verbosity asks, and
-freed host memory stays with the process (mocheg_jax/utils/host_memory.py).
+freed host memory stays with the process when MOCHEG_JAX_KEEP_FREED_MEMORY=1 asks
+(mocheg_jax/utils/host_memory.py).
 """
 
 from __future__ import annotations

@@ -51,13 +51,18 @@ _M_ARENA_MAX = -8
 _NEVER = -1
 
 
-def keep_freed_memory_if_asked() -> bool:
-  """With MOCHEG_JAX_KEEP_FREED_MEMORY=1, configures glibc's malloc to keep freed memory (see
-  the module doc); True when done.
+def asked() -> bool:
+  """Whether this process's environment asks for the setting (MOCHEG_JAX_KEEP_FREED_MEMORY=1)."""
+  return os.environ.get(ENV_VAR) == "1"
 
-  Does nothing (False) without that variable, off Linux or without glibc.
+
+def keep_freed_memory_if_asked() -> bool:
+  """When `asked()`, configures glibc's malloc to keep freed memory (see the module doc); True
+  when done.
+
+  Does nothing (False) without MOCHEG_JAX_KEEP_FREED_MEMORY=1, off Linux or without glibc.
   """
-  if os.environ.get(ENV_VAR, "0") != "1":
+  if not asked():
     return False
   if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
     return False
