@@ -4,8 +4,10 @@
 
 Figures: MiniLM-L6 sentence encoding (batch 256 x 128 tokens), CLIP ViT-B/32 image
 encoding (batch 256), BART-large greedy decoding (batch 1 and 64, 128 new tokens). FLOPs
-come from XLA's cost analysis of each compiled program; times are the best of --repeats
-after a warm-up. Fails loudly unless JAX sees a GPU/TPU (`--smoke` runs tiny shapes on any
+are the matrix products of each traced program (mocheg_jax/utils/flops.py); XLA's cost
+analysis is recorded beside them, but on a GPU it leaves out the GEMMs that become library
+calls (cuBLAS), so it undercounts there (30x for MiniLM on an H200). Times are the best of
+--repeats after a warm-up. Fails loudly unless JAX sees a GPU/TPU (`--smoke` runs tiny shapes on any
 backend, to check the script itself). Writes JSON and prints a table. Installs nothing.
 """
 
@@ -34,7 +36,7 @@ def _best_time(fn, *args, repeats: int) -> float:
   return best
 
 
-def _flops(jitted, *args) -> float:
+def _xla_flops(jitted, *args) -> float:
   analysis = jitted.lower(*args).compile().cost_analysis()
   if isinstance(analysis, (list, tuple)):  # Older JAX returns one dict per device.
     analysis = analysis[0]
@@ -43,11 +45,14 @@ def _flops(jitted, *args) -> float:
 
 def _figure(name, graphdef_state_fn, args, items: int, unit: str, repeats: int) -> dict:
   import jax
+
+  from mocheg_jax.utils.flops import matmul_flops
   jitted = jax.jit(graphdef_state_fn)
   seconds = _best_time(jitted, *args, repeats=repeats)
-  flops = _flops(jitted, *args)
+  flops = matmul_flops(graphdef_state_fn, *args)
   return {"figure": name, "seconds": seconds, f"{unit}_per_s": items / seconds,
-          "tflops_per_s": flops / seconds / 1e12, "flops": flops}
+          "tflops_per_s": flops / seconds / 1e12, "flops": flops,
+          "xla_flops": _xla_flops(jitted, *args)}
 
 
 def main(argv):
