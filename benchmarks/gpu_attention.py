@@ -8,7 +8,9 @@ at the shapes the training steps of benchmarks/gpu_train.py run, for:
 * ours: mocheg_jax.models.layers.dot_product_attention (XLA: two batched matmuls, float32
   logits and softmax);
 * xla: jax.nn.dot_product_attention(implementation="xla");
-* cudnn_mask: implementation="cudnn" with our boolean mask (padding, causal);
+* ours_cudnn: layers.cudnn_attention, what $MOCHEG_JAX_ATTENTION=cudnn runs (our mask
+  broadcast to full query x key size);
+* cudnn_mask: implementation="cudnn" with our boolean mask as it is ([B, 1, 1, K] padding);
 * cudnn_lengths: implementation="cudnn" with per-row key lengths (and is_causal) in place
   of the mask: the same attention when padding is on the right, as our batches pad.
 Each variant's output and gradients are compared with ours (max abs difference). A variant
@@ -70,11 +72,21 @@ def variants(smoke: bool):
          "xla": lambda q, k, v, mask, lengths, causal: jax.nn.dot_product_attention(
              q, k, v, mask=mask, implementation="xla")}
   if not smoke:
+    # What $MOCHEG_JAX_ATTENTION=cudnn runs: the mask broadcast to full size; None where
+    # cuDNN refuses (the model then takes the XLA path).
+    out["ours_cudnn"] = lambda q, k, v, mask, lengths, causal: _refused_if_none(
+        layers.cudnn_attention(q, k, v, mask))
     out["cudnn_mask"] = lambda q, k, v, mask, lengths, causal: jax.nn.dot_product_attention(
         q, k, v, mask=mask, implementation="cudnn")
     out["cudnn_lengths"] = lambda q, k, v, mask, lengths, causal: (
         jax.nn.dot_product_attention(q, k, v, is_causal=causal, query_seq_lengths=lengths,
                                      key_value_seq_lengths=lengths, implementation="cudnn"))
+  return out
+
+
+def _refused_if_none(out):
+  if out is None:
+    raise NotImplementedError("layers.cudnn_attention refused: the XLA path would run")
   return out
 
 

@@ -20,9 +20,11 @@ MFU = model FLOPs per step / step time / the device's dense peak for the compute
 Model FLOPs are the matrix products and convolutions of the traced step, forward and
 backward (mocheg_jax/utils/flops.py: no rematerialisation in these models, so this is the
 conventional 6 x parameters x tokens plus attention); XLA's cost analysis is recorded
-beside it, though on a GPU it leaves out the GEMMs that run as library calls (cuBLAS). Peaks: accelerator_peaks.PEAKS
-(datasheet dense figures by device_kind; --peak_tflops overrides; an unknown device gets no
-MFU rather than a guessed one). Times: median and best of --repeats steps after 2 warm-ups.
+beside it, though on a GPU it leaves out the GEMMs that run as library calls (cuBLAS).
+Peaks: accelerator_peaks.PEAKS (datasheet dense figures by device_kind; --peak_tflops
+overrides; an unknown device gets no MFU rather than a guessed one). Times: median and best of --repeats steps after 2 warm-ups.
+The settings that change the program ($MOCHEG_JAX_ATTENTION, JAX_DEFAULT_PRNG_IMPL,
+XLA_FLAGS) are recorded with the figures (benchmarks/gpu_ab.sh compares them in one run).
 Every figure runs even when another fails; a failure is printed, recorded in the JSON and
 makes the exit status non-zero. Fails loudly unless JAX sees a GPU/TPU (`--smoke` excepted).
 """
@@ -52,8 +54,9 @@ _PEAK = flags.DEFINE_string("peak_tflops", None, "Per-device dense peak TFLOP/s 
                             "the table (one number, or 'bfloat16=989.4,float32=494.7').")
 _PROFILE = flags.DEFINE_string(
     "profile_dir", None, "If set: after timing, trace --profile_steps more steps of each "
-    "figure with jax.profiler into DIR/<figure>/, copy the trace to DIR/<figure>.xplane.pb and "
-    "record where the device time went (benchmarks/profile_summary.py).")
+    "figure with jax.profiler into DIR/<figure>/, copy the trace to DIR/<figure>.xplane.pb, save "
+    "the optimised HLO as DIR/<figure>.hlo.txt.gz and record where the device time went "
+    "(benchmarks/profile_summary.py).")
 _PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "Steps per profile.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any backend (checks the script).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/gpu_train.json", "JSON output path.")
@@ -167,9 +170,12 @@ def _optimizer():
   return optim.make_optimizer(c, total_steps=10**6)
 
 
-def _profile(name: str, run_step: Callable[[], None], directory: str, steps: int) -> dict:
-  """Trace `steps` calls of `run_step`; the kernel-time summary of the trace."""
+def _profile(name: str, run_step: Callable[[], None], directory: str, steps: int,
+             hlo_text: str) -> dict:
+  """Trace `steps` calls of `run_step`; the kernel-time summary of the trace, each op named
+  by its HLO instruction (the module is saved beside the trace as <name>.hlo.txt.gz)."""
   import glob
+  import gzip
   import shutil
 
   import jax
@@ -182,7 +188,11 @@ def _profile(name: str, run_step: Callable[[], None], directory: str, steps: int
   (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
   flat = os.path.join(directory, f"{name}.xplane.pb")  # Shallow: easy to fetch and open.
   shutil.copyfile(path, flat)
-  summary = profile_summary.summarize(profile_summary.device_op_times(flat), steps)
+  with gzip.open(os.path.join(directory, f"{name}.hlo.txt.gz"), "wt") as f:
+    f.write(hlo_text)
+  rows = profile_summary.annotate(profile_summary.device_op_times(flat),
+                                  profile_summary.hlo_index(hlo_text))
+  summary = profile_summary.summarize(rows, steps)
   print(f"{name}: {profile_summary.table(summary)}")
   return dict(summary, path=flat)
 
@@ -233,7 +243,7 @@ def measure(name: str, smoke: bool, dtype, repeats: int, peak_tflops: float | No
     run_step()
     if i >= 2:
       times.append(time.perf_counter() - begin)
-  profile = (_profile(name, run_step, _PROFILE.value, _PROFILE_STEPS.value)
+  profile = (_profile(name, run_step, _PROFILE.value, _PROFILE_STEPS.value, compiled.as_text())
              if _PROFILE.value else None)
   if not all(np.isfinite(losses)):
     raise FloatingPointError(f"{name}: non-finite loss in {losses}")
@@ -277,6 +287,10 @@ def main(argv):
   peak, _, source = peaks.peaks_for(device_kind, dtype_name, mode, override, None)
   dtype = jnp.bfloat16 if dtype_name == "bfloat16" else jnp.float32
 
+  from mocheg_jax.models import layers
+  settings = dict(attention=layers.attention_implementation(),
+                  prng_impl=str(jax.config.jax_default_prng_impl),
+                  xla_flags=os.environ.get("XLA_FLAGS", ""))
   results, failures = [], []
   for name in _ONLY.value or FIGURES:
     try:
@@ -287,7 +301,7 @@ def main(argv):
 
   print(f"backend {backend}, {jax.device_count()} x {device_kind}, jax {jax.__version__}, "
         f"compute dtype {dtype_name} (matmul mode {mode}), peak "
-        f"{'unknown' if peak is None else f'{peak:g} TFLOP/s'} ({source})")
+        f"{'unknown' if peak is None else f'{peak:g} TFLOP/s'} ({source}); {settings}")
   print("| figure | params M | median ms | best ms | model TFLOP/step | TFLOP/s | MFU | "
         "XLA TFLOP/step | compile s | temp GB |\n|---|---|---|---|---|---|---|---|---|---|")
   for r in results:
@@ -304,7 +318,8 @@ def main(argv):
     json.dump(dict(benchmark="gpu_train", backend=backend, device_kind=device_kind,
                    devices=[str(d) for d in jax.devices()], jax_version=jax.__version__,
                    dtype=dtype_name, matmul_mode=mode, peak_tflops_per_device=peak,
-                   peak_source=source, smoke=smoke, repeats=_REPEATS.value,
+                   peak_source=source, settings=settings, smoke=smoke,
+                   repeats=_REPEATS.value,
                    results=results, failures=failures), f, indent=2)
   print(f"wrote {_OUT.value}")
   if failures:

@@ -39,6 +39,7 @@ def test_train_smoke_figures(train_smoke):
   result, stdout, out = train_smoke
   assert result["smoke"] is True and result["backend"] == "cpu" and result["failures"] == []
   assert result["peak_tflops_per_device"] == 1.0 and "--peak_tflops" in result["peak_source"]
+  assert result["settings"]["attention"] == "xla"  # The default; gpu_ab.sh varies it.
   assert [r["figure"] for r in result["results"]] == list(FIGURES)
   for r in result["results"]:
     assert 0 < r["best_s"] <= r["median_s"] and r["compile_s"] > 0
@@ -50,6 +51,9 @@ def test_train_smoke_figures(train_smoke):
     assert os.path.exists(profile["path"]) and profile["steps"] == 2
     assert profile["kernel_ms_per_step"] > 0 and profile["top"]
     assert sum(k["share"] for k in profile["kinds"].values()) == pytest.approx(1.0)
+    assert os.path.exists(out / f"{r['figure']}.hlo.txt.gz")
+    # The costliest ops are named by their HLO instruction (shape, opcode, origin).
+    assert any(row["hlo"] and "<- jit(" in row["hlo"] for row in profile["top"])
   assert "| bart_large_nll |" in stdout and "MFU" in stdout
 
 
@@ -79,6 +83,21 @@ def test_profile_summary_kinds_and_shares():
   assert "| 3.000 | 60.0% |" in profile_summary.table(summary)
 
 
+def test_hlo_index_names_fusions_by_kernel():
+  hlo = """
+  %fusion.12 = bf16[32,16,512,512]{3,2,1,0} fusion(%p.1, %p.2), kind=kLoop, calls=%fc.3, metadata={op_name="jit(train_step)/jvp(Bart)/softmax" stack_frame_id=4}
+  ROOT %custom-call.4 = (bf16[8,8]{1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm"
+"""
+  index = profile_summary.hlo_index(hlo)
+  assert index["fusion_12"] == ("bf16[32,16,512,512]{3,2,1,0} fusion(kLoop) <- "
+                                "jit(train_step)/jvp(Bart)/softmax")
+  assert index["custom_call_4"].endswith("custom-call")
+  rows = profile_summary.annotate(
+      [dict(op="command_buffer_1", kernel="fusion_12"), dict(op="custom-call.4", kernel="x"),
+       dict(op="command_buffer_1", kernel="nvjet_sm90")], index)
+  assert [r["hlo"] is not None for r in rows] == [True, True, False]
+
+
 def test_attention_smoke(tmp_path):
   proc = _run("gpu_attention.py", "--smoke", "--repeats=1", f"--out={tmp_path / 'a.json'}")
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,3 +106,16 @@ def test_attention_smoke(tmp_path):
   assert {r["variant"] for r in rows} == {"ours", "xla"} and len(rows) == 4
   # JAX's XLA attention computes the same thing in bfloat16: a few bf16 ulps apart.
   assert all(r["ms"] > 0 and r["max_abs_diff"] < 0.05 for r in rows)
+
+
+def test_ab_script_records_each_variant(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS="",
+             PYTHON=sys.executable, OUT=str(tmp_path), VARIANTS="cudnn/rbg")
+  proc = subprocess.run(["bash", os.path.join(REPO, "benchmarks", "gpu_ab.sh"),
+                         "minilm_infonce", "--smoke", "--repeats=1"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads((tmp_path / "ab_cudnn_rbg.json").read_text())
+  assert result["settings"] == dict(attention="cudnn", prng_impl="rbg", xla_flags="")
+  assert [r["figure"] for r in result["results"]] == ["minilm_infonce"]
+  assert "| minilm_infonce | cudnn/rbg |" in proc.stdout and "| 1.000x |" in proc.stdout
