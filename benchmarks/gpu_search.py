@@ -49,8 +49,8 @@ if _REPO not in sys.path:  # `python benchmarks/gpu_search.py` from anywhere.
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks.accelerator_peaks import ACCELERATORS, DTYPES  # noqa: E402
-from benchmarks.accelerator_peaks import matmul_mode, parse_peak_override, peaks_for  # noqa: E402
+from mocheg_jax.utils.peaks import ACCELERATORS, DTYPES  # noqa: E402
+from mocheg_jax.utils.peaks import matmul_mode, parse_peak_override, peaks_for  # noqa: E402
 
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed runs per figure (best is kept).")
 _HOST_REPEATS = flags.DEFINE_integer("host_repeats", 2, "Timed runs of the host-streamed top_k.")

@@ -21,7 +21,7 @@ Model FLOPs are the matrix products and convolutions of the traced step, forward
 backward (mocheg_jax/utils/flops.py: no rematerialisation in these models, so this is the
 conventional 6 x parameters x tokens plus attention); XLA's cost analysis is recorded
 beside it, though on a GPU it leaves out the GEMMs that run as library calls (cuBLAS).
-Peaks: accelerator_peaks.PEAKS (datasheet dense figures by device_kind; --peak_tflops
+Peaks: mocheg_jax/utils/peaks.py (datasheet dense figures by device_kind; --peak_tflops
 overrides; an unknown device gets no MFU rather than a guessed one). Times: median and best of --repeats steps after 2 warm-ups.
 The settings that change the program ($MOCHEG_JAX_ATTENTION, JAX_DEFAULT_PRNG_IMPL,
 XLA_FLAGS) are recorded with the figures (benchmarks/gpu_ab.sh compares them in one run).
@@ -45,7 +45,7 @@ if _REPO not in sys.path:  # `python benchmarks/gpu_train.py` from anywhere.
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks import accelerator_peaks as peaks  # noqa: E402
+from mocheg_jax.utils import peaks  # noqa: E402
 
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype.")
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed steps per figure.")

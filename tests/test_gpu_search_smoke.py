@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from benchmarks import accelerator_peaks
+from mocheg_jax.utils import peaks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_search.py")
@@ -99,7 +99,7 @@ def test_peak_table_and_modes():
   kinds = ["NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe",
            "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe",
            "NVIDIA L4", "NVIDIA L40S", "NVIDIA GH200 480GB", "TPU v5 lite", "TPU v5", "cpu"]
-  g = accelerator_peaks
+  g = peaks
   got = dict(
       table={k: (e[0] if (e := g.peak_entry(k)) else None) for k in kinds},
       h200=list(g.peaks_for("NVIDIA H200", "bfloat16", "bf16", {}, None)),
@@ -121,3 +121,4 @@ def test_peak_table_and_modes():
   assert got["tpu_high"][:2] == [pytest.approx(275 / 3), 1200]
   assert got["modes"] == ["tf32", "fp32", "tf32", "fp32", None]
   assert got["override"] == {"float32": 500.0, "bfloat16": 900.0}
+  assert g.bf16_peak_tflops("NVIDIA H200") == 989.4 and g.bf16_peak_tflops("cpu") is None

@@ -16,6 +16,7 @@ import time
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -69,6 +70,8 @@ def test_toy_task_learns(one_device_run):
   records = read_metrics(workdir)
   for field in ("learning_rate", "examples_per_s", "step_time_s", "grad_norm"):
     assert field in records[0]
+  # Achieved model FLOP/s on every log line; no MFU on a CPU (no known peak to divide by).
+  assert all(r["model_tflops_per_s"] > 0 and "mfu" not in r for r in records if "loss" in r)
   assert any("dev/accuracy" in r for r in records)
 
 
@@ -395,3 +398,32 @@ def test_a_stop_signal_ends_a_job_step_instead_of_starting_the_next(monkeypatch,
     cli.friendly_errors(main)([])
   assert exit_info.value.code == 143
   assert "stopped: the job was told to stop" in capsys.readouterr().err
+
+
+def test_log_window_reports_mfu_against_the_devices_peak(monkeypatch):
+  """Two fake H200s: MFU = counted FLOPs per step x steps / elapsed / (989.4 TFLOP/s x 2)."""
+  class FakeDevice:
+    device_kind = "NVIDIA H200"
+
+  x, w = jnp.ones((64, 128)), jnp.ones((128, 32))
+  window = loop._LogWindow(global_batch=64)
+  message = window.count_flops(lambda x, w: x @ w, (x, w), [FakeDevice(), FakeDevice()])
+  assert "989.4 TFLOP/s bf16 x 2 devices" in message
+  clock = iter([12.0, 12.0])  # The window spans 10 s -> 12 s; then the next one starts.
+  monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+  window._start = 10.0
+  for _ in range(4):
+    window.add({"loss": jnp.float32(1.0)})
+  metrics = window.flush()
+  flops = 2 * 64 * 128 * 32
+  assert metrics["model_tflops_per_s"] == pytest.approx(4 * flops / 2.0 / 1e12)
+  assert metrics["mfu"] == pytest.approx(4 * flops / 2.0 / (989.4e12 * 2))
+
+
+def test_log_window_without_a_static_count_says_why():
+  window = loop._LogWindow(global_batch=4)
+  loop_fn = lambda x: jax.lax.while_loop(lambda c: c.sum() < 10, lambda c: c @ c, x)  # noqa: E731
+  message = window.count_flops(loop_fn, (jnp.eye(2),), jax.devices()[:1])
+  assert "not counted" in message and "while loop" in message
+  window.add({"loss": jnp.float32(1.0)})
+  assert "model_tflops_per_s" not in window.flush()

@@ -32,7 +32,9 @@ from mocheg_jax.train import task as task_lib
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.step import make_train_step
 from mocheg_jax.train.writer import MetricWriter
+from mocheg_jax.utils import flops as flops_lib
 from mocheg_jax.utils import paths
+from mocheg_jax.utils import peaks
 from mocheg_jax.utils.cli import Stopped
 from mocheg_jax.utils.progress import Progress
 
@@ -95,12 +97,32 @@ def _rules(config: ml_collections.ConfigDict) -> tuple:
 
 
 class _LogWindow:
-  """The step metrics since the last log line, kept on device until it is written."""
+  """The step metrics since the last log line, kept on device until it is written.
+
+  With the step's model FLOPs known (`count_flops`), each line also has the achieved
+  `model_tflops_per_s` (all devices) and, where the devices' bf16 peak is known, `mfu`.
+  """
 
   def __init__(self, global_batch: int):
     self._global_batch = global_batch
     self._metrics: list[Mapping[str, jax.Array]] = []
     self._start = time.perf_counter()
+    self._step_flops: float | None = None
+    self._peak_flops: float | None = None  # All devices together, FLOP/s.
+
+  def count_flops(self, step_fn: Callable, args: tuple, devices: Sequence[jax.Device]
+                  ) -> str:
+    """Counts the matmul FLOPs of one step (traced, not run); says what it found."""
+    try:
+      self._step_flops = flops_lib.matmul_flops(step_fn, *args)
+    except ValueError as e:  # A while loop in the step (e.g. sampling): no static count.
+      return f"model FLOPs per step: not counted ({e})"
+    peak = peaks.bf16_peak_tflops(devices[0].device_kind)
+    self._peak_flops = None if peak is None else peak * 1e12 * len(devices)
+    return (f"model FLOPs per step: {self._step_flops / 1e12:.4g} TFLOP (matrix products, "
+            f"forward and backward); MFU against "
+            + (f"{peak:g} TFLOP/s bf16 x {len(devices)} devices" if peak else
+               f"no known peak for {devices[0].device_kind!r}: not reported"))
 
   def __bool__(self) -> bool:
     return bool(self._metrics)
@@ -114,6 +136,11 @@ class _LogWindow:
     elapsed, steps = time.perf_counter() - self._start, len(host)
     means = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
     means.update(step_time_s=elapsed / steps, examples_per_s=steps * self._global_batch / elapsed)
+    if self._step_flops:
+      achieved = self._step_flops * steps / elapsed
+      means["model_tflops_per_s"] = achieved / 1e12
+      if self._peak_flops:
+        means["mfu"] = achieved / self._peak_flops
     self._metrics, self._start = [], time.perf_counter()
     return means
 
@@ -238,10 +265,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
                       for k, s in batch_shardings.items()}
     constrain_micro = lambda b: jax.lax.with_sharding_constraint(
         b, {k: micro_sharding[k] for k in b})
+    train_step = make_train_step(spec, task.loss, optimizer.tx, optimizer.schedule,
+                                 config.accum_steps, constrain_micro,
+                                 with_constants=task.constants is not None)
     step_fn = jax.jit(
-        make_train_step(spec, task.loss, optimizer.tx, optimizer.schedule,
-                        config.accum_steps, constrain_micro,
-                        with_constants=task.constants is not None),
+        train_step,
         in_shardings=(shardings, batch_shardings, replicated, replicated),
         out_shardings=(shardings, replicated), donate_argnums=(0,))
     rng = jax.random.key(config.seed)
@@ -309,6 +337,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
             _check_local_batch(local, local_batch, task.batch_axes)
           batch = distributed.global_batch({k: local[k] for k in task.batch_axes},
                                            batch_shardings)
+          if step == start:
+            say(window.count_flops(train_step, (state, batch, rng, constants),
+                                   mesh.devices.flatten().tolist()))
           state, metrics = step_fn(state, batch, rng, constants)
           step += 1
           window.add(metrics)

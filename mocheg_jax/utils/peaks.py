@@ -1,7 +1,8 @@
 """Dense peak rates of accelerators by device kind, and the arithmetic a matmul runs in.
 
-Shared by the accelerator benchmarks (gpu_search.py, gpu_train.py): the roofline and MFU
-both divide by these. A device the table does not know gets None, never a guessed figure.
+The trainer's MFU (train/loop.py) and the accelerator benchmarks (benchmarks/gpu_search.py,
+gpu_train.py) divide by these. A device the table does not know gets None, never a
+guessed figure.
 """
 
 from __future__ import annotations
@@ -108,3 +109,9 @@ def peaks_for(device_kind: str, dtype: str, mode: str | None,
       "--peak_tflops" if dtype in override else None,
       "--hbm_gbps" if hbm_override is not None else None]))
   return tflops, gbps, source
+
+
+def bf16_peak_tflops(device_kind: str) -> float | None:
+  """The dense bfloat16 peak of one device (MFU's usual denominator), or None if unknown."""
+  found = peak_entry(device_kind)
+  return None if found is None else found[1].get("bf16")
