@@ -2,9 +2,8 @@
 
 Every model uses these, so attention has one implementation (`dot_product_attention`: XLA
 math; cuDNN's fused kernel on NVIDIA GPUs with $MOCHEG_JAX_ATTENTION=cudnn) and every
-parameter has logical axes. Parameters are
-float32; `dtype` is the compute dtype (bfloat16 for speed), and layer norms and softmax
-are computed in float32 whatever it is.
+parameter has logical axes. Parameters are float32; `dtype` is the compute dtype
+(bfloat16 for speed), and layer norms and softmax are computed in float32 whatever it is.
 
 Axis names: batch, length, embed, mlp, heads, kv (per-head features), vocab, and the
 model-specific ones their modules document.
@@ -176,7 +175,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   writes as strided loops: one BERT-sized layer forward and backward took ~20% longer
   that way, the product with the probabilities up to 3x (BENCHMARKS.md). A single query
   (incremental decoding) keeps the einsum form: there the transposes would copy the
-  whole KV cache every step.
+  whole KV cache every step. Without dropout, $MOCHEG_JAX_ATTENTION=cudnn hands the call
+  to `cudnn_attention` on GPUs first.
   """
   dropout = not deterministic and dropout_rate > 0.0
   if q.shape[1] == 1 and not dropout:
