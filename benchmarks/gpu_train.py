@@ -22,7 +22,8 @@ backward (mocheg_jax/utils/flops.py: no rematerialisation in these models, so th
 conventional 6 x parameters x tokens plus attention); XLA's cost analysis is recorded
 beside it, though on a GPU it leaves out the GEMMs that run as library calls (cuBLAS).
 Peaks: mocheg_jax/utils/peaks.py (datasheet dense figures by device_kind; --peak_tflops
-overrides; an unknown device gets no MFU rather than a guessed one). Times: median and best of --repeats steps after 2 warm-ups.
+overrides; an unknown device gets no MFU rather than a guessed one). Times: median and
+best of --repeats steps after 2 warm-ups.
 The settings that change the program ($MOCHEG_JAX_ATTENTION, JAX_DEFAULT_PRNG_IMPL,
 XLA_FLAGS) are recorded with the figures (benchmarks/gpu_ab.sh compares them in one run).
 Every figure runs even when another fails; a failure is printed, recorded in the JSON and
@@ -54,9 +55,9 @@ _PEAK = flags.DEFINE_string("peak_tflops", None, "Per-device dense peak TFLOP/s 
                             "the table (one number, or 'bfloat16=989.4,float32=494.7').")
 _PROFILE = flags.DEFINE_string(
     "profile_dir", None, "If set: after timing, trace --profile_steps more steps of each "
-    "figure with jax.profiler into DIR/<figure>/, copy the trace to DIR/<figure>.xplane.pb, save "
-    "the optimised HLO as DIR/<figure>.hlo.txt.gz and record where the device time went "
-    "(benchmarks/profile_summary.py).")
+    "figure with jax.profiler into DIR/<figure>/, copy the trace to "
+    "DIR/<figure>.xplane.pb.gz, save the optimised HLO as DIR/<figure>.hlo.txt.gz and record "
+    "where the device time went (benchmarks/profile_summary.py).")
 _PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "Steps per profile.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any backend (checks the script).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/gpu_train.json", "JSON output path.")
@@ -186,8 +187,10 @@ def _profile(name: str, run_step: Callable[[], None], directory: str, steps: int
     for _ in range(steps):
       run_step()
   (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-  flat = os.path.join(directory, f"{name}.xplane.pb")  # Shallow: easy to fetch and open.
-  shutil.copyfile(path, flat)
+  # Shallow and compressed (BART-large's trace is over 16 MB raw): easy to fetch and open.
+  flat = os.path.join(directory, f"{name}.xplane.pb.gz")
+  with open(path, "rb") as src, gzip.open(flat, "wb") as dst:
+    shutil.copyfileobj(src, dst)
   with gzip.open(os.path.join(directory, f"{name}.hlo.txt.gz"), "wt") as f:
     f.write(hlo_text)
   rows = profile_summary.annotate(profile_summary.device_op_times(flat),

@@ -1,6 +1,6 @@
 """Where a profiled program spent its device time: kernel time by XLA op, from an xplane.pb.
 
-  python benchmarks/profile_summary.py PATH.xplane.pb [--top=25] [--steps=3] [--hlo=H.txt.gz]
+  python benchmarks/profile_summary.py PATH.xplane.pb[.gz] [--top=25] [--steps=3] [--hlo=H.txt.gz]
 
 `jax.profiler.trace` writes the trace as an XSpace protobuf; jax.profiler.ProfileData reads
 it without TensorBoard. On a GPU every kernel is an event on a stream line of a "/device:GPU:N"
@@ -40,8 +40,14 @@ def _stats(event) -> dict:
 
 def device_op_times(path: str) -> list[dict]:
   """[{op, kernel, kind, count, total_ms}] over every kernel of the trace, costliest first."""
+  import gzip
+
   from jax.profiler import ProfileData
-  data = ProfileData.from_file(path)
+  if path.endswith(".gz"):
+    with gzip.open(path, "rb") as f:
+      data = ProfileData.from_serialized_xspace(f.read())
+  else:
+    data = ProfileData.from_file(path)
   planes = [p for p in data.planes if p.name.startswith("/device:")]
   on_device = bool(planes)
   planes = planes or list(data.planes)

@@ -64,7 +64,7 @@ def test_train_unknown_figure_is_refused(tmp_path):
 
 def test_profile_summary_of_a_cpu_trace(train_smoke):
   _, _, out = train_smoke
-  rows = profile_summary.device_op_times(str(out / "minilm_infonce.xplane.pb"))
+  rows = profile_summary.device_op_times(str(out / "minilm_infonce.xplane.pb.gz"))
   assert rows and all(r["count"] >= 1 and r["total_ms"] >= 0 for r in rows)
   assert [r["total_ms"] for r in rows] == sorted((r["total_ms"] for r in rows), reverse=True)
 

@@ -70,8 +70,9 @@ def test_toy_task_learns(one_device_run):
   records = read_metrics(workdir)
   for field in ("learning_rate", "examples_per_s", "step_time_s", "grad_norm"):
     assert field in records[0]
-  # Achieved model FLOP/s on every log line; no MFU on a CPU (no known peak to divide by).
-  assert all(r["model_tflops_per_s"] > 0 and "mfu" not in r for r in records if "loss" in r)
+  # No FLOP count on a CPU (no known peak, so no MFU to report, and the count's extra
+  # trace would cost CPU runs time): the lines have neither figure.
+  assert not any("model_tflops_per_s" in r or "mfu" in r for r in records)
   assert any("dev/accuracy" in r for r in records)
 
 

@@ -99,8 +99,9 @@ def _rules(config: ml_collections.ConfigDict) -> tuple:
 class _LogWindow:
   """The step metrics since the last log line, kept on device until it is written.
 
-  With the step's model FLOPs known (`count_flops`), each line also has the achieved
-  `model_tflops_per_s` (all devices) and, where the devices' bf16 peak is known, `mfu`.
+  With the step's model FLOPs known (`count_flops`, which the loop calls on devices of
+  known bf16 peak: GPUs and TPUs), each line also has the achieved `model_tflops_per_s`
+  (all devices) and `mfu`.
   """
 
   def __init__(self, global_batch: int):
@@ -337,7 +338,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
             _check_local_batch(local, local_batch, task.batch_axes)
           batch = distributed.global_batch({k: local[k] for k in task.batch_axes},
                                            batch_shardings)
-          if step == start:
+          if step == start and peaks.bf16_peak_tflops(mesh.devices.flat[0].device_kind):
+            # Only where MFU can be reported: the count traces the step once more, which
+            # cost up to ~15 s on CPU (the REINFORCE step), a share of a CPU run's time.
             say(window.count_flops(train_step, (state, batch, rng, constants),
                                    mesh.devices.flatten().tolist()))
           state, metrics = step_fn(state, batch, rng, constants)
