@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import traceback
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,6 +29,8 @@ if _REPO not in sys.path:  # `python benchmarks/gpu_attention.py` from anywhere.
   sys.path.insert(0, _REPO)
 
 from absl import app, flags  # noqa: E402
+
+from benchmarks import timing  # noqa: E402
 
 _REPEATS = flags.DEFINE_integer("repeats", 20, "Timed calls per variant (best is kept).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes, XLA variants only (any backend).")
@@ -90,17 +91,6 @@ def _refused_if_none(out):
   return out
 
 
-def _best(fn, args, repeats: int) -> float:
-  import jax
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
 def main(argv):
   del argv
   import jax
@@ -123,7 +113,7 @@ def main(argv):
       row = dict(shape=name, variant=variant, batch=b, length=length, heads=h, head_dim=d,
                  causal=causal)
       try:
-        seconds = _best(step, (q, k, v), _REPEATS.value)
+        seconds = timing.best_time(step, q, k, v, repeats=_REPEATS.value)
         grads, out = step(q, k, v)
         values = [jnp.where(real, out, 0), *grads]
         if reference is None:

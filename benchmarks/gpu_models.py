@@ -15,25 +15,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
-from absl import app, flags
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # `python benchmarks/gpu_models.py` from anywhere.
+  sys.path.insert(0, _REPO)
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks import timing  # noqa: E402
 
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per figure (best is kept).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any backend (checks the script).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/gpu_models.json", "JSON output path.")
-
-
-def _best_time(fn, *args, repeats: int) -> float:
-  import jax
-  jax.block_until_ready(fn(*args))  # Warm-up: compilation and first transfer.
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - start)
-  return best
 
 
 def _xla_flops(jitted, *args) -> float:
@@ -48,7 +44,7 @@ def _figure(name, graphdef_state_fn, args, items: int, unit: str, repeats: int) 
 
   from mocheg_jax.utils.flops import matmul_flops
   jitted = jax.jit(graphdef_state_fn)
-  seconds = _best_time(jitted, *args, repeats=repeats)
+  seconds = timing.best_time(jitted, *args, repeats=repeats)
   flops = matmul_flops(graphdef_state_fn, *args)
   return {"figure": name, "seconds": seconds, f"{unit}_per_s": items / seconds,
           "tflops_per_s": flops / seconds / 1e12, "flops": flops,
