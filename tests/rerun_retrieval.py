@@ -39,17 +39,19 @@ def text_runs(workdir: str, splits: Sequence[str], reranked: bool) -> dict:
           for split in splits}
 
 
-def _image_runs(workdir: str, text: dict) -> dict:
-  from mocheg_jax.retrieval import stage as retrieval_stage
+def image_runs(workdir: str, splits: Sequence[str], text: dict,
+               articles: Sequence[int]) -> dict:
+  """{N: {claim: top 10 images}} of the splits' claims by the job's image retriever,
+  grounded on the text run `text` ({claim: ranked}) with N articles, for each N given."""
   from mocheg_jax.retrieval import system
   from mocheg_jax.train.restore import load_trained
 
   image = load_trained(f"{workdir}/stages/retrieval_image")
   index = system.open_index(image, f"{workdir}/index/image")
-  return {n: {claim: ranked for split in retrieval_stage.RESULTS_SPLITS for claim, ranked in
+  return {n: {claim: ranked for split in splits for claim, ranked in
               system.search_claims(image, index, f"{workdir}/release", split, 10,
                                    ground=system.Grounding(text, n)).items()}
-          for n in retrieval_stage.IMAGE_ARTICLES}
+          for n in articles}
 
 
 def main(workdir: str, out: str) -> None:
@@ -60,7 +62,9 @@ def main(workdir: str, out: str) -> None:
   text = {name: text_runs(workdir, retrieval_stage.RESULTS_SPLITS, reranked)
           for name, reranked in (("reranked", True), ("dense", False))}
   chosen = text["reranked" if summary["retrieval_system_text"]["reranked"] else "dense"]
-  images = _image_runs(workdir, {c: r for run in chosen.values() for c, r in run.items()})
+  images = image_runs(workdir, retrieval_stage.RESULTS_SPLITS,
+                      {c: r for run in chosen.values() for c, r in run.items()},
+                      retrieval_stage.IMAGE_ARTICLES)
   with open(out, "w") as f:
     json.dump({"text": text, "images": images}, f)
 

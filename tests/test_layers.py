@@ -1,3 +1,7 @@
+import json
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,6 +9,7 @@ import pytest
 from flax import nnx
 
 from mocheg_jax.models import layers
+from tests import processes
 
 
 def _rngs():
@@ -138,3 +143,44 @@ def test_gelu_is_torchs_erf_formula_with_its_gradient():
   np.testing.assert_allclose(gelu(jnp.asarray(x)), jax.nn.gelu(jnp.asarray(x), approximate=False),
                              atol=2e-6)
   assert gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+# The largest transpose fusion (operand count) in the compiled gradient of six tiny pre-LN CLIP
+# blocks, with the blocks' own weight-gradient transposes and with the shape rule everywhere.
+# Run where XLA compiles as a training run does (the suite's XLA_FLAGS change the fusions).
+_PRE_LN_TRANSPOSES = """
+import json, re
+import jax, jax.numpy as jnp
+from flax import nnx
+from mocheg_jax.models import clip, layers
+
+def largest_transpose_fusion():
+  blocks = nnx.List([clip.EncoderLayer(32, 64, 2, "quick_gelu", 1e-5, dtype=None,
+                                       param_dtype=jnp.float32, rngs=nnx.Rngs(i))
+                     for i in range(6)])
+  graph, params = nnx.split(blocks)
+  def loss(params, x):
+    for block in nnx.merge(graph, params):
+      x = block(x, None, ("batch", "length", "embed"))
+    return jnp.sum(x * x)
+  hlo = jax.jit(jax.grad(loss)).lower(params, jnp.ones((4, 16, 32))).compile().as_text()
+  fusions = [re.match(r"\\s*%?[\\w.\\-]*transpose[\\w.\\-]* = .*? fusion\\((.*?)\\), kind=", line)
+             for line in hlo.splitlines()]
+  return max(m.group(1).count("%") for m in fusions if m)
+
+ours = largest_transpose_fusion()
+layers.weight_grad_transposes = lambda pre_norm: ("smaller", "smaller")
+print(json.dumps(dict(ours=ours, shape_rule=largest_transpose_fusion())))
+"""
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU dot path")
+def test_pre_ln_weight_gradients_do_not_recompute_the_residual_chain():
+  env = {**processes.script_environment(), "XLA_FLAGS": ""}
+  done = subprocess.run([sys.executable, "-c", _PRE_LN_TRANSPOSES], env=env,
+                        capture_output=True, text=True, timeout=300, check=True)
+  largest = json.loads(done.stdout.strip().splitlines()[-1])
+  # The shape rule copies LN(x_0 + f_1 + ... + f_l) with the whole chain fused in (93
+  # operands when written); the block's choice copies nothing wider than a few operands.
+  assert largest["shape_rule"] > 30, largest
+  assert largest["ours"] <= 8, largest

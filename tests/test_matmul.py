@@ -29,14 +29,22 @@ def _loss(fn, cotangent):
   return lambda x, w: jnp.sum(fn(x, w) * cotangent)
 
 
-@pytest.mark.parametrize("k, n", [(12, 40), (40, 12)])  # x transposed / g transposed.
-def test_matmul_gradients_match_autodiff(k, n):
+@pytest.mark.parametrize("transpose", matmul.WEIGHT_GRAD_TRANSPOSES)
+@pytest.mark.parametrize("k, n", [(12, 40), (40, 12)])  # "smaller": x / g transposed.
+def test_matmul_gradients_match_autodiff(k, n, transpose):
   x, w, g = _arrays((48, k), (k, n), (48, n))
-  ours = jax.grad(_loss(matmul.matmul, g), argnums=(0, 1))(x, w)
+  ours = jax.grad(_loss(lambda a, b: matmul.matmul(a, b, transpose), g), argnums=(0, 1))(x, w)
   plain = jax.grad(_loss(jnp.matmul, g), argnums=(0, 1))(x, w)
   np.testing.assert_allclose(matmul.matmul(x, w), x @ w, rtol=RTOL, atol=ATOL)
   for a, b in zip(ours, plain):
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_an_unknown_weight_gradient_transpose_is_named():
+  x, w = _arrays((4, 3), (3, 2))
+  for call in (lambda: matmul.matmul(x, w, "output"), lambda: matmul.contract(x, w, 1, "x")):
+    with pytest.raises(ValueError, match=r"unknown weight-gradient transpose '(output|x)'"):
+      call()
 
 
 def test_matmul_t_gradients_match_autodiff():
@@ -84,10 +92,11 @@ import json, re, sys
 import jax, jax.numpy as jnp
 from mocheg_jax.models import matmul
 from tests import processes
-k, n = int(sys.argv[1]), int(sys.argv[2])
+k, n, transpose = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 x, w, g = jnp.ones((128, k)), jnp.ones((k, n)), jnp.ones((128, n))
 out = {}
-for name, fn in (("ours", matmul.matmul), ("plain", jnp.matmul)):
+ours = lambda x, w: matmul.matmul(x, w, transpose)
+for name, fn in (("ours", ours), ("plain", jnp.matmul)):
   # The cotangent is an argument, as in a train step (a constant could be folded).
   grad = jax.jit(lambda x, w, g: jax.grad(lambda x, w: jnp.sum(fn(x, w) * g),
                                           argnums=(0, 1))(x, w))
@@ -98,10 +107,11 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU dot path")
-@pytest.mark.parametrize("k, n", [(64, 256), (256, 64)])  # x transposed / g transposed.
-def test_compiled_gradient_dots_contract_the_last_axis_of_their_left_operand(k, n):
+@pytest.mark.parametrize("k, n, transpose", [
+    (64, 256, "smaller"), (256, 64, "smaller"), (256, 64, "input"), (64, 256, "cotangent")])
+def test_compiled_gradient_dots_contract_the_last_axis_of_their_left_operand(k, n, transpose):
   env = {**processes.script_environment(), "XLA_FLAGS": ""}
-  done = subprocess.run([sys.executable, "-c", _DOT_DIMS, str(k), str(n)], env=env,
+  done = subprocess.run([sys.executable, "-c", _DOT_DIMS, str(k), str(n), transpose], env=env,
                         capture_output=True, text=True, timeout=300, check=True)
   dims = json.loads(done.stdout.strip().splitlines()[-1])
   assert len(dims["ours"]) >= 2, dims  # The input gradient and the weight gradient at least.

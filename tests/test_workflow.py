@@ -278,10 +278,13 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   runs = {r: rerun_retrieval.text_runs(str(workdir), ["test"], r)["test"]
           for r in (True, False)}
   text_run = runs[manifest.settings.rerank]
+  # Images likewise (the job's own image run, from 2 devices, is checked against a re-search
+  # in its environment above; near-tied images may swap between device layouts).
+  articles = manifest.settings.image_articles
+  image_run = rerun_retrieval.image_runs(str(workdir), ["test"], text_run, [articles])[articles]
   for claim, evidence in zip(claims, other_texts):
     assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in evidence] == \
         runs[not manifest.settings.rerank][str(claim.claim_id)]
-  image_run = trec.read_run(workdir / "runs" / "image.run")
   labels = read_predictions(workdir / "runs" / "verify_results.csv")
   with open(workdir / "runs" / "explanations" /
             "explain_nll-system_evidence-system_labels.csv") as f:

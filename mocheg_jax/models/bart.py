@@ -225,10 +225,13 @@ class _FeedForward(nnx.Module):
   """fc1 -> activation -> activation dropout -> fc2 (HF's parameter names)."""
 
   def __init__(self, features: int, hidden: int, act: str, dropout: float, *, dtype: Dtype,
-               rngs: nnx.Rngs):
+               pre_norm: bool, rngs: nnx.Rngs):
     self.act = layers.activation(act)
-    self.fc1 = layers.Dense(features, hidden, ("embed", "mlp"), dtype=dtype, rngs=rngs)
-    self.fc2 = layers.Dense(hidden, features, ("mlp", "embed"), dtype=dtype, rngs=rngs)
+    reads, writes = layers.weight_grad_transposes(pre_norm)
+    self.fc1 = layers.Dense(features, hidden, ("embed", "mlp"), dtype=dtype,
+                            weight_grad_transpose=reads, rngs=rngs)
+    self.fc2 = layers.Dense(hidden, features, ("mlp", "embed"), dtype=dtype,
+                            weight_grad_transpose=writes, rngs=rngs)
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -255,10 +258,11 @@ class EncoderLayer(nnx.Module):
     d = config.d_model
     self.self_attn = layers.Attention(d, config.encoder_attention_heads,
                                       dropout_rate=config.attention_dropout, dtype=dtype,
-                                      rngs=rngs)
+                                      pre_norm=config.normalize_before, rngs=rngs)
     self.self_attn_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.mlp = _FeedForward(d, config.encoder_ffn_dim, config.activation_function,
-                            config.activation_dropout, dtype=dtype, rngs=rngs)
+                            config.activation_dropout, dtype=dtype,
+                            pre_norm=config.normalize_before, rngs=rngs)
     self.final_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
     self.pre_norm = config.normalize_before
@@ -279,13 +283,15 @@ class DecoderLayer(nnx.Module):
 
   def __init__(self, config: BartConfig, *, dtype: Dtype, rngs: nnx.Rngs):
     d, heads = config.d_model, config.decoder_attention_heads
-    attn = dict(dropout_rate=config.attention_dropout, dtype=dtype, rngs=rngs)
+    attn = dict(dropout_rate=config.attention_dropout, dtype=dtype,
+                pre_norm=config.normalize_before, rngs=rngs)
     self.self_attn = layers.Attention(d, heads, **attn)
     self.self_attn_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.encoder_attn = layers.Attention(d, heads, **attn)
     self.encoder_attn_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.mlp = _FeedForward(d, config.decoder_ffn_dim, config.activation_function,
-                            config.activation_dropout, dtype=dtype, rngs=rngs)
+                            config.activation_dropout, dtype=dtype,
+                            pre_norm=config.normalize_before, rngs=rngs)
     self.final_layer_norm = layers.LayerNorm(d, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
     self.pre_norm = config.normalize_before

@@ -176,9 +176,9 @@ class EncoderLayer(nnx.Module):
                dtype: Dtype, param_dtype, rngs: nnx.Rngs):
     common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.layer_norm1 = layers.LayerNorm(hidden, eps=eps, **common)
-    self.attention = layers.Attention(hidden, heads, **common)
+    self.attention = layers.Attention(hidden, heads, pre_norm=True, **common)
     self.layer_norm2 = layers.LayerNorm(hidden, eps=eps, **common)
-    self.mlp = layers.MLP(hidden, intermediate, act, **common)
+    self.mlp = layers.MLP(hidden, intermediate, act, pre_norm=True, **common)
 
   def __call__(self, x: jax.Array, mask: jax.Array | None, axes: layers.Axes) -> jax.Array:
     x = constrain(x + self.attention(self.layer_norm1(x), mask=mask), axes)

@@ -12,6 +12,7 @@ transposed operands natively, so there the plain dot is used.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -34,29 +35,40 @@ def _materialised_t(x: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(jax.lax.optimization_barrier(x).T)
 
 
-def _weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
-  """x^T g [K, N] from canonical dots, transposing the smaller side: x [M, K] when K <= N,
-  else g [M, N] and the [N, K] result ((g^T x)^T; for a vocabulary projection the result is
-  far smaller than g). A wide x is usually an activation that XLA would recompute inside
-  the transpose (GELU's erf: ~3x the plain copy)."""
-  k, n = x.shape[1], g.shape[1]
-  if k <= n:
+# Which operand of the weight gradient x^T g is materialised transposed. XLA:CPU fuses the
+# copy with whatever computes that operand, so the cheap side is the one whose producer is
+# cheap to recompute: "smaller" decides by shape; a layer may name the side instead
+# (layers.weight_grad_transposes: pre-LN blocks, whose inputs are long unmaterialised chains).
+WEIGHT_GRAD_TRANSPOSES = ("smaller", "input", "cotangent")
+
+
+def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller") -> jax.Array:
+  """x^T g [K, N] from canonical dots: (x^T) g ("input"), or (g^T x)^T ("cotangent"; for a
+  vocabulary projection the result is far smaller than g). "smaller" transposes x when
+  K <= N, else g: a wide x is usually an activation that XLA would recompute inside the
+  transpose (GELU's erf: ~3x the plain copy)."""
+  if transpose == "smaller":
+    transpose = "input" if x.shape[1] <= g.shape[1] else "cotangent"
+  if transpose == "input":
     return _dot(_materialised_t(x), g)
   return _materialised_t(_dot(_materialised_t(g), x))
 
 
-@jax.custom_vjp
-def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(x: jax.Array, w: jax.Array, transpose: str) -> jax.Array:
+  del transpose  # Only the gradient reads it.
   return _dot(x, w)
 
 
-def _matmul_forward(x, w):
+def _matmul_forward(x, w, transpose):
+  del transpose
   return _dot(x, w), (x, w)
 
 
-def _matmul_backward(residuals, g):
+def _matmul_backward(transpose, residuals, g):
   x, w = residuals
-  return _dot_t(g, w), _weight_grad(x, g)  # g W^T as autodiff writes it; x^T g canonical.
+  # g W^T as autodiff writes it; x^T g from canonical dots.
+  return _dot_t(g, w), _weight_grad(x, g, transpose)
 
 
 _matmul.defvjp(_matmul_forward, _matmul_backward)
@@ -83,9 +95,19 @@ def _on_cpu() -> bool:
   return jax.default_backend() == "cpu"
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x [M, K] @ w [K, N] -> [M, N], differentiable in both."""
-  return _matmul(x, w) if _on_cpu() else _dot(x, w)
+def checked_transpose(transpose: str) -> str:
+  """`transpose` if it names a WEIGHT_GRAD_TRANSPOSES entry, else a ValueError naming it."""
+  if transpose not in WEIGHT_GRAD_TRANSPOSES:
+    raise ValueError(f"unknown weight-gradient transpose {transpose!r}; expected one of "
+                     f"{WEIGHT_GRAD_TRANSPOSES}")
+  return transpose
+
+
+def matmul(x: jax.Array, w: jax.Array, transpose: str = "smaller") -> jax.Array:
+  """x [M, K] @ w [K, N] -> [M, N], differentiable in both; `transpose`: which operand the
+  weight gradient copies transposed on CPU (WEIGHT_GRAD_TRANSPOSES)."""
+  checked_transpose(transpose)
+  return _matmul(x, w, transpose) if _on_cpu() else _dot(x, w)
 
 
 def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -93,17 +115,18 @@ def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
   return _matmul_t(x, w) if _on_cpu() else _dot_t(x, w)
 
 
-def contract(x: jax.Array, w: jax.Array, n: int) -> jax.Array:
+def contract(x: jax.Array, w: jax.Array, n: int, transpose: str = "smaller") -> jax.Array:
   """Contracts the last `n` axes of x with the first `n` of w: [..., *in] x [*in, *out].
 
   On CPU flattened to one 2-D `matmul` (the leading axes and the in / out axes merge without
   a copy), so every dense layer's weight gradient takes the fast path above; elsewhere one
   dot_general over the axes as they are (no reshape for the sharding to see).
   """
+  checked_transpose(transpose)
   if not _on_cpu():
     return jax.lax.dot_general(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))),
                                       ((), ())))
   lead, inner, out = x.shape[:x.ndim - n], w.shape[:n], w.shape[n:]
   k = math.prod(inner)
-  y = _matmul(jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1)))
+  y = _matmul(jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1)), transpose)
   return jnp.reshape(y, lead + out)
