@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from mocheg_jax.data import pipelines
 from mocheg_jax.models import bert
 from mocheg_jax.train import config as config_lib
 from mocheg_jax.train.task import Task
@@ -106,7 +107,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
       pool.append(batch)
     # A fresh dict per step (as a real pipeline yields); the arrays themselves are shared.
     ds = grain.MapDataset.range(BATCH_POOL).repeat(None).map(lambda i: dict(pool[i]))
-    return iter(ds.to_iter_dataset())
+    return iter(pipelines.iterate(ds, pipelines.ReadAhead.of(config.data)))
 
   axes = ("batch", "length")
   return Task(model=model, loss=loss,

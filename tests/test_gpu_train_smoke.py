@@ -1,7 +1,8 @@
 """benchmarks/gpu_train.py, gpu_attention.py and profile_summary.py in smoke mode on CPU.
 
 Subprocesses, as for gpu_search: the scripts define absl flags at import. Single-device
-(XLA_FLAGS cleared of conftest's 8 fake devices): the scripts time one device's step.
+(XLA_FLAGS: conftest's 8 fake devices cleared, XLA's costly passes off as in every script
+test): the scripts time one device's step.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import sys
 import pytest
 
 from benchmarks import profile_summary
+from tests.processes import FAST_COMPILE_FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURES = ("bart_large_nll", "clip_vitb32_contrastive", "minilm_infonce")
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS="")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS=FAST_COMPILE_FLAGS)
   return subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
                         check=False)
@@ -109,13 +111,14 @@ def test_attention_smoke(tmp_path):
 
 
 def test_ab_script_records_each_variant(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS="",
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS=FAST_COMPILE_FLAGS,
              PYTHON=sys.executable, OUT=str(tmp_path), VARIANTS="cudnn/rbg")
   proc = subprocess.run(["bash", os.path.join(REPO, "benchmarks", "gpu_ab.sh"),
                          "minilm_infonce", "--smoke", "--repeats=1"], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "ab_cudnn_rbg.json").read_text())
-  assert result["settings"] == dict(attention="cudnn", prng_impl="rbg", xla_flags="")
+  assert result["settings"] == dict(attention="cudnn", prng_impl="rbg",
+                                    xla_flags=FAST_COMPILE_FLAGS)
   assert [r["figure"] for r in result["results"]] == ["minilm_infonce"]
   assert "| minilm_infonce | cudnn/rbg |" in proc.stdout and "| 1.000x |" in proc.stdout

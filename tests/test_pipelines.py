@@ -1,3 +1,7 @@
+import threading
+import time
+
+import grain
 import numpy as np
 import pytest
 
@@ -164,3 +168,50 @@ def test_each_reader_thread_has_its_own_tokenizer(setup):
     t.join()
   assert seen[0] is not seen[1]
   assert pipelines._tokenizer(wp) is pipelines._tokenizer(wp)
+
+
+class _CountingSource:
+  """1000 records that count how many have been read."""
+
+  def __init__(self):
+    self.reads = 0
+    self._lock = threading.Lock()
+
+  def __len__(self):
+    return 1000
+
+  def __getitem__(self, i):
+    with self._lock:
+      self.reads += 1
+    return np.int32(i)
+
+
+@pytest.mark.parametrize("read_ahead", [pipelines.ReadAhead(), pipelines.ReadAhead(3, 9)])
+def test_readers_stay_a_few_batches_ahead(read_ahead):
+  source = _CountingSource()
+  ds = pipelines.process_batches(grain.MapDataset.source(source).repeat(None), 5, True, 0, 1)
+  it = iter(pipelines.iterate(ds, read_ahead))
+  first = next(it)
+  np.testing.assert_array_equal(first, np.arange(5))
+  time.sleep(0.5)  # Time for the readers to run as far ahead as they may.
+  # The readers fill the buffer, and each may hold one batch more in flight; grain's defaults
+  # (16 threads, 500 elements) read hundreds of batches here.
+  assert 5 < source.reads <= 5 * (1 + read_ahead.batches + read_ahead.threads), source.reads
+  np.testing.assert_array_equal(next(it), np.arange(5, 10))  # In order, nothing lost.
+
+
+def test_read_ahead_must_be_positive():
+  ds = grain.MapDataset.range(4)
+  for bad in (pipelines.ReadAhead(0, 4), pipelines.ReadAhead(2, 0)):
+    with pytest.raises(ValueError, match="read-ahead threads and batches must be positive"):
+      pipelines.iterate(ds, bad)
+
+
+def test_training_loaders_read_ahead_as_the_config_says():
+  from mocheg_jax.train import config as config_lib
+
+  data = config_lib.base_config().data
+  data.read_threads, data.read_ahead_batches, data.workers = 5, 7, 0
+  loader = pipelines.LoaderConfig.training(8, 1, data)
+  assert (loader.batch_size, loader.seed, loader.worker_count) == (8, 1, 0)
+  assert loader.read_ahead == pipelines.ReadAhead(5, 7)

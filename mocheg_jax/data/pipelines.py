@@ -31,6 +31,34 @@ Example = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
+class ReadAhead:
+  """How far grain's reader threads run ahead of the consumer, in elements (every training
+  pipeline batches before it iterates, so an element is a whole batch).
+
+  grain's own defaults, 16 threads and 500 elements, read ~500 batches ahead: a tiny main
+  job's 4-step trainings tokenised and decoded hundreds of batches each, and on 2 CPU cores
+  those threads held the CPU and the GIL while the training loop traced and compiled
+  (py-spy: 89% of the job's busy samples were in grain's reader threads). A few batches
+  ahead hide the input behind the step; raise both on hosts with many cores.
+  """
+  threads: int = 2
+  batches: int = 4
+
+  @classmethod
+  def of(cls, data_config) -> ReadAhead:
+    """From a training config's `data` (train/config.py: read_threads, read_ahead_batches)."""
+    return cls(data_config.read_threads, data_config.read_ahead_batches)
+
+
+def iterate(ds: grain.MapDataset, read_ahead: ReadAhead = ReadAhead()) -> grain.IterDataset:
+  """`ds` as an IterDataset read `read_ahead` ahead (in reader threads of this process)."""
+  if read_ahead.threads < 1 or read_ahead.batches < 1:
+    raise ValueError(f"read-ahead threads and batches must be positive, got {read_ahead}")
+  return ds.to_iter_dataset(grain.ReadOptions(num_threads=read_ahead.threads,
+                                              prefetch_buffer_size=read_ahead.batches))
+
+
+@dataclasses.dataclass(frozen=True)
 class LoaderConfig:
   """How examples are batched and ordered (task-independent)."""
   batch_size: int
@@ -39,9 +67,16 @@ class LoaderConfig:
   num_epochs: int | None = None  # None: repeat forever (training); 1 for evaluation.
   drop_remainder: bool = True
   worker_count: int = 0  # grain worker processes; 0 transforms in the main process.
+  read_ahead: ReadAhead = ReadAhead()
   # This process's share (process_batches): default jax.process_index() / process_count().
   shard_index: int | None = None
   shard_count: int | None = None
+
+  @classmethod
+  def training(cls, batch_size: int, seed: int, data_config) -> LoaderConfig:
+    """A training input's loader: workers and read-ahead from a training config's `data`."""
+    return cls(batch_size=batch_size, seed=seed, worker_count=data_config.workers,
+               read_ahead=ReadAhead.of(data_config))
 
 
 @dataclasses.dataclass
@@ -137,7 +172,7 @@ def _make_pipeline(source, keep: Callable[[Example], bool] | None, skip_reason: 
   ds = ds.repeat(loader.num_epochs).random_map(transform)
   ds = process_batches(ds, loader.batch_size, loader.drop_remainder, loader.shard_index,
                        loader.shard_count)
-  iter_ds = ds.to_iter_dataset()
+  iter_ds = iterate(ds, loader.read_ahead)
   if loader.worker_count > 0:
     # grain's workers read absl flags; outside an absl app (notebooks, pytest) nothing has
     # parsed them, so accept their defaults rather than fail.

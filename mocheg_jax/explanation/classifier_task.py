@@ -365,7 +365,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
             f"{cut} longer than {c.max_len} cut on the {c.truncation_side}")
     source_ds = _Examples(ids, mask, train.labels)
     ds = grain.MapDataset.source(source_ds).seed(seed).shuffle().repeat(None)
-    return iter(pipelines.process_batches(ds, local_batch).to_iter_dataset())
+    return iter(pipelines.iterate(pipelines.process_batches(ds, local_batch),
+                                  pipelines.ReadAhead.of(config.data)))
 
   def dev_scores(model: classifier_lib.TruthfulnessClassifier, step: int):
     del step

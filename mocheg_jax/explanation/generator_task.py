@@ -410,8 +410,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
                                       start_ids=starts)
 
   def train_data(local_batch: int):
-    loader = pipelines.LoaderConfig(batch_size=local_batch, seed=seed,
-                                    worker_count=config.data.workers)
+    loader = pipelines.LoaderConfig.training(local_batch, seed, config.data)
     pipeline = pipelines.explanation(data.tfds, "train", source.tokenizer_dir, loader,
                                      max_source_len=e.max_source_len,
                                      max_target_len=e.max_target_len,

@@ -116,8 +116,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     folder = distributed.primary_first("caption_corpus", lambda: caption_corpus.build(
         os.path.join(workdir, CORPUS_DIR), seed=c.corpus_seed, count=c.pairs,
         image_size=size, workers=workers))
-    loader = pipelines.LoaderConfig(batch_size=local_batch, seed=config.seed,
-                                    worker_count=config.data.workers)
+    loader = pipelines.LoaderConfig.training(local_batch, config.seed, config.data)
     return iter(pipelines.caption_pairs(folder, source.tokenizer_dir, loader,
                                         max_query_len).dataset)
 

@@ -310,8 +310,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
                           rngs=nnx.Rngs(config.seed))
 
   def train_data(local_batch: int):
-    loader = pipelines.LoaderConfig(batch_size=local_batch, seed=config.seed,
-                                    worker_count=config.data.workers)
+    loader = pipelines.LoaderConfig.training(local_batch, config.seed, config.data)
     pipeline = pipelines.image_retrieval(data.tfds, "train", source.tokenizer_dir, loader,
                                          max_query_len=max_query_len,
                                          image_size=source.config.vision.image_size)

@@ -43,6 +43,7 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
+from mocheg_jax.data import pipelines
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.tokenizers import load_tokenizer, minilm_dir
@@ -343,7 +344,8 @@ class PairBatch:
 
 
 def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, global_batch: int,
-                 local_batch: int, seed: int, workers: int = 0) -> grain.IterDataset:
+                 local_batch: int, seed: int, workers: int = 0,
+                 read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()) -> grain.IterDataset:
   """Shuffled pairs, repeated forever, batched; its iterator state checkpoints.
 
   Every process batches the same global stream and tokenises its own rows, so the global
@@ -353,7 +355,7 @@ def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, global_batch: 
   ds = (grain.MapDataset.range(len(pairs.pairs)).seed(seed).shuffle().repeat(None)
         .batch(global_batch, drop_remainder=True)
         .map(PairBatch(pairs, tokenizer_path, max_len, first, local_batch)))
-  out = ds.to_iter_dataset()
+  out = pipelines.iterate(ds, read_ahead)
   if workers > 0:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (see pipelines.py).
       flags.FLAGS.mark_as_parsed()
@@ -563,7 +565,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
 
   def train_data(local_batch: int):
     return iter(pair_dataset(pairs(), source.tokenizer_dir, r.max_len, config.batch_size,
-                             local_batch, config.seed, config.data.workers))
+                             local_batch, config.seed, config.data.workers,
+                             pipelines.ReadAhead.of(config.data)))
 
   tokenizer = load_tokenizer(source.tokenizer_dir)
 

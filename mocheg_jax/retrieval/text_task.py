@@ -140,8 +140,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     return value, {"batch_accuracy": accuracy, "scale": model.scale()}
 
   def train_data(local_batch: int):
-    loader = pipelines.LoaderConfig(batch_size=local_batch, seed=config.seed,
-                                    worker_count=config.data.workers)
+    loader = pipelines.LoaderConfig.training(local_batch, config.seed, config.data)
     pipeline = pipelines.text_retrieval(data.tfds, "train", source.tokenizer_dir, loader,
                                         max_query_len=r.max_query_len,
                                         max_doc_len=r.max_doc_len)

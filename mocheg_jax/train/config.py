@@ -47,6 +47,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.world_seed = -1  # and this seed; -1: the run's `seed`. Fix it to vary only the model.
   c.data.dir = ""  # Where it is prepared; empty: WORKDIR/data. The main job's stages share one.
   c.data.workers = 0  # grain worker processes for the training input.
+  c.data.read_threads = 2  # grain reader threads (data/pipelines.py: ReadAhead says why so few)
+  c.data.read_ahead_batches = 4  # and how many batches they read ahead of the step.
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.mode = "auto"  # auto | on | off (see parallel/distributed.py).

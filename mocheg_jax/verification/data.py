@@ -204,7 +204,9 @@ class VerificationBatches:
 
   # ---- datasets ----------------------------------------------------------------------
   def train_dataset(self, batch_size: int, seed: int, *, shard_index: int | None = None,
-                    shard_count: int | None = None) -> grain.IterDataset:
+                    shard_count: int | None = None,
+                    read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()
+                    ) -> grain.IterDataset:
     """Batched examples forever, reshuffled every epoch; `iter()` of it has get_state /
     set_state for checkpoints.
 
@@ -214,14 +216,15 @@ class VerificationBatches:
       seed: the shuffle seed.
       shard_index, shard_count: this process's share of every global batch
         (pipelines.process_batches); default jax.process_index() / process_count().
+      read_ahead: how far grain reads ahead (pipelines.ReadAhead).
     """
     if batch_size < 1:
       raise ValueError(f"batch_size must be positive, got {batch_size}")
     if not len(self):
       raise ValueError("no claims to train on")
     ds = grain.MapDataset.source(self).seed(seed).shuffle().repeat(None)
-    return pipelines.process_batches(ds, batch_size, True, shard_index,
-                                     shard_count).to_iter_dataset()
+    return pipelines.iterate(pipelines.process_batches(ds, batch_size, True, shard_index,
+                                                       shard_count), read_ahead)
 
   def eval_batches(self, batch_size: int) -> Iterator[Example]:
     """Every claim once, in order; the last batch padded to `batch_size` (valid False)."""

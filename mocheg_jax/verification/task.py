@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from mocheg_jax.data import pipelines
 from mocheg_jax.data.labels import LABEL_NAMES
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
@@ -453,7 +454,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
     return value, {"batch_accuracy": accuracy}
 
   def train_data(local_batch: int):
-    return iter(verifier.batches(train).train_dataset(local_batch, seed))
+    return iter(verifier.batches(train).train_dataset(
+        local_batch, seed, read_ahead=pipelines.ReadAhead.of(config.data)))
 
   def dev_scores(model: nnx.Module, step: int):
     del step
