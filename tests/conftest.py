@@ -1,6 +1,9 @@
 """Test set-up: 8 fake CPU devices, as DESIGN.md asks, before JAX is imported anywhere."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # None of these imports JAX: the set-up below comes first.
 from mocheg_jax.utils import host_memory
@@ -14,6 +17,14 @@ from tests.processes import FAST_COMPILE_FLAGS
 os.environ.setdefault("XLA_FLAGS", f"{host_device_flags(8)} "
                       f"--xla_cpu_use_fusion_emitters=false {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session's tests and every script they start
+# (processes.script_environment passes it on): many tests compile the same tiny programs.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _COMPILATION_CACHE = tempfile.mkdtemp(prefix="mocheg_jax_compilation_cache_")
+  atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_COMPILATION_CACHE,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 host_memory.keep_freed_memory_if_asked()  # As the scripts do (mocheg_jax/utils/host_memory.py).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
