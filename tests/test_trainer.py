@@ -23,6 +23,7 @@ import pytest
 from flax import nnx
 from flax import traverse_util
 
+from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.train import loop
 from mocheg_jax.train import restore
 from mocheg_jax.train.checkpoint import Checkpointer
@@ -111,6 +112,53 @@ def test_load_trained_gives_the_checkpointed_weights(one_device_run):
   assert ours.keys() == saved.keys()
   for path, value in saved.items():
     np.testing.assert_array_equal(ours[path], value, err_msg=str(path))
+
+
+def _params(model):
+  return {tuple(map(str, path)): np.asarray(value) for path, value in
+          traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()}
+
+
+def test_untrained_is_the_initialisation_with_the_initial_params(monkeypatch):
+  config = toy_task.get_config()
+  eager = _params(toy_task.make_task(config, "").model())
+  name = ("bert", "pooler", "kernel")
+  loaded = np.full(eager[name].shape, 0.5, np.float32)
+
+  def with_initial(values):
+    task = toy_task.make_task(config, "")
+    return lambda *_: dataclasses.replace(task, initial_params=lambda: values)
+
+  monkeypatch.setattr(restore.task_lib, "resolve",
+                      lambda _: with_initial(traverse_util.unflatten_dict({name: loaded})))
+  ours = _params(restore.untrained(config, "").model)
+  assert ours.keys() == eager.keys()
+  for path, value in eager.items():  # Compiled apart from the eager build: the last bit.
+    expected = loaded if path == name else value
+    np.testing.assert_allclose(ours[path], expected, rtol=0, atol=1e-7, err_msg=str(path))
+  # Initial parameters the model does not have, or of another shape: named.
+  monkeypatch.setattr(restore.task_lib, "resolve",
+                      lambda _: with_initial({"bert": {"nope": loaded}}))
+  with pytest.raises(MochegInputError, match="'bert.nope', which the model does not have"):
+    restore.untrained(config, "")
+  monkeypatch.setattr(restore.task_lib, "resolve",
+                      lambda _: with_initial(traverse_util.unflatten_dict({name: loaded.T[:1]})))
+  with pytest.raises(MochegInputError, match=r"'bert.pooler.kernel' has shape \(1, 32\), "
+                     r"the model expects \(32, 32\)"):
+    restore.untrained(config, "")
+
+
+def test_a_program_run_once_is_compiled_cheaply_and_gives_the_jitted_values(monkeypatch):
+  from mocheg_jax.utils import run_once
+  options = []
+  compile_ = jax.stages.Lowered.compile
+  monkeypatch.setattr(jax.stages.Lowered, "compile", lambda self, compiler_options=None: (
+      options.append(compiler_options), compile_(self, compiler_options))[1])
+  draw = jax.jit(lambda key, scale: scale * jax.random.normal(key, (256, 64)))
+  args = (jax.random.key(3), 2.0)
+  ours = run_once.run_once(draw, *args)
+  assert options == [run_once.CHEAP_CPU_COMPILE]  # The tests run on CPU.
+  np.testing.assert_allclose(ours, draw(*args), rtol=0, atol=1e-6)
 
 
 def test_a_config_saved_before_a_field_existed_gets_its_default():

@@ -28,6 +28,7 @@ from flax import traverse_util
 
 from mocheg_jax.parallel import distributed
 from mocheg_jax.parallel import rules as rules_lib
+from mocheg_jax.utils.run_once import run_once
 
 Tree = Any
 
@@ -160,7 +161,7 @@ def _init_fn(spec: ModelSpec, factory: Callable[[], nnx.Module],
 def init_state(spec: ModelSpec, factory: Callable[[], nnx.Module],
                tx: optax.GradientTransformation, shardings: TrainState) -> TrainState:
   """A fresh train state, every array created in place by one jitted init."""
-  return jax.jit(_init_fn(spec, factory, tx), out_shardings=shardings)()
+  return run_once(jax.jit(_init_fn(spec, factory, tx), out_shardings=shardings))
 
 
 def abstract_state(spec: ModelSpec, factory: Callable[[], nnx.Module],

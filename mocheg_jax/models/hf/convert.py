@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.utils.run_once import run_once
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -318,5 +319,5 @@ def materialize(model: nnx.Module, factory: Callable[[], nnx.Module], seed: int 
     fresh = dict(nnx.iter_graph(factory()))
     return [fresh[path].get_value() for path, _ in others]
 
-  for (_, variable), value in zip(others, init()):
+  for (_, variable), value in zip(others, run_once(init)):
     variable.set_value(value)
