@@ -114,6 +114,14 @@ def test_load_trained_gives_the_checkpointed_weights(one_device_run):
     np.testing.assert_array_equal(ours[path], value, err_msg=str(path))
 
 
+def test_opening_checkpoints_read_only_warns_of_nothing(one_device_run, caplog):
+  workdir, _ = one_device_run
+  with caplog.at_level("WARNING"):
+    with Checkpointer(os.path.join(workdir, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+      assert ckpt.latest_step() == 20
+  assert not caplog.records, caplog.text  # orbax warned twice per open before.
+
+
 def _params(model):
   return {tuple(map(str, path)): np.asarray(value) for path, value in
           traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()}
