@@ -123,6 +123,41 @@ def test_source_reconstruction_term_is_the_nll_of_copying_the_source_after_bos()
   assert float(metrics["nll"]) == pytest.approx(float(plain))
 
 
+def test_cutting_padding_to_a_length_bucket_leaves_the_loss_and_gradients_alone():
+  """pipelines.LengthBuckets cuts a batch to its longest rows; with the copying term's
+  length fixed (the task passes max_target_len), loss, metrics and gradients are those of
+  the batch padded to the full width."""
+  from mocheg_jax.data import pipelines
+  model, batch = _model(), _batch()
+  wide = {k: jnp.pad(v, ((0, 0), (0, 6)), constant_values=PAD if k.endswith("ids") else 0)
+          if v.ndim == 2 else v for k, v in batch.items()}  # Sources 16 wide, targets 14.
+  cut = pipelines.LengthBuckets(4, pipelines.EXPLANATION_LENGTHS)(
+      {k: np.asarray(v) for k, v in wide.items()})
+  assert cut["source_ids"].shape == (B, 12) and cut["target_ids"].shape == (B, T)
+  settings = reinforce.ReinforceSettings(sc_weight=0.5, start_step=0,
+                                        sample_max_length=SAMPLE_MAX)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  @jax.jit
+  def loss_and_grads(params, batch):
+    def loss(params):
+      m = nnx.merge(graphdef, params, rest)
+      return reinforce.explanation_loss(m, batch, step=jnp.int32(0), key=jax.random.key(4),
+                                        settings=settings, reward_model=_stand_in(),
+                                        reconstruction_weight=0.5, reconstruction_length=14)
+    return jax.value_and_grad(loss, has_aux=True)(params)
+
+  (full, full_metrics), full_grads = loss_and_grads(params, wide)
+  (ours, metrics), grads = loss_and_grads(params, {k: jnp.asarray(v) for k, v in cut.items()})
+  np.testing.assert_allclose(float(ours), float(full), rtol=1e-5)
+  for name, value in full_metrics.items():
+    np.testing.assert_allclose(float(metrics[name]), float(value), rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  assert float(metrics["sample_tokens"]) > 0 and float(metrics["reconstruction_nll"]) > 0
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(full_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 def _copy_batch(rng: np.random.Generator, batch: int = 16, length: int = 6):
   """Sources of random tokens; the target is the source again (BOS ... EOS)."""
   body = rng.integers(3, VOCAB, (batch, length))

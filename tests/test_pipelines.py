@@ -101,6 +101,45 @@ def test_explanation_batch(setup):
   assert _decode(bpe, batch["target_ids"][row]) == "The bridge indeed has three arches."
 
 
+def test_length_buckets_cut_padding_to_the_longest_row():
+  buckets = pipelines.LengthBuckets(4, (("a_mask", ("a_ids",)), ("b_mask", ("b_ids",))))
+  a_mask = (np.arange(16) < np.array([[3], [5]])).astype(np.int32)
+  batch = {"a_ids": np.arange(32).reshape(2, 16) * a_mask, "a_mask": a_mask,
+           "b_ids": np.ones((2, 6), np.int32), "b_mask": np.ones((2, 6), np.int32),
+           "label": np.array([0, 2])}
+  cut = buckets(batch)
+  assert cut["a_ids"].shape == cut["a_mask"].shape == (2, 8)  # 5 -> the next multiple of 4.
+  np.testing.assert_array_equal(cut["a_ids"], batch["a_ids"][:, :8])
+  assert cut["b_ids"].shape == (2, 6)  # 6 -> 8, capped at the padded width.
+  np.testing.assert_array_equal(cut["label"], batch["label"])
+  assert batch["a_ids"].shape == (2, 16)  # The input batch is left as it was.
+  empty = buckets({**batch, "a_mask": np.zeros_like(a_mask)})
+  assert empty["a_ids"].shape == (2, 4)
+  with pytest.raises(ValueError, match="positive multiple"):
+    pipelines.LengthBuckets(0, ())
+
+
+def test_explanation_batches_in_length_buckets_agree_across_processes(setup):
+  data_dir, _, bpe = setup
+  make = lambda batch, index, count, multiple: pipelines.explanation(  # noqa: E731
+      data_dir, "train", bpe, _loader(batch_size=batch, shard_index=index, shard_count=count),
+      max_source_len=64, max_target_len=40, length_multiple=multiple)
+  padded, bucketed = _batches(make(2, 0, 1, 0), 6), _batches(make(2, 0, 1, 8), 6)
+  halves = [iter(make(1, i, 2, 8)) for i in range(2)]
+  for full, cut in zip(padded, bucketed):
+    for name in ("source", "target"):
+      longest = int(np.max(np.nonzero(full[f"{name}_mask"].any(0))[0])) + 1
+      width = cut[f"{name}_ids"].shape[1]
+      assert width % 8 == 0 and longest <= width < longest + 8, (name, longest, width)
+      # Only padding was cut.
+      np.testing.assert_array_equal(cut[f"{name}_ids"], full[f"{name}_ids"][:, :width])
+      assert not full[f"{name}_mask"][:, width:].any()
+    # Each process's row has the global batch's width, whatever its own row's length.
+    parts = [next(h) for h in halves]
+    for key, value in cut.items():
+      np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), value, key)
+
+
 def test_deterministic_and_resumable(setup):
   data_dir, wp, _ = setup
   make = lambda seed=3: pipelines.text_retrieval(  # noqa: E731

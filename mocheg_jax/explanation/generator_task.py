@@ -69,6 +69,12 @@ def explain_config() -> ml_collections.ConfigDict:
   e.max_source_len = 512
   e.max_target_len = 400
   e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
+  # Training batches' padding: 0 pads every batch to max_source_len / max_target_len (one
+  # compiled step, the reference's shapes); N pads each global batch's sources and targets
+  # to the next multiple of N of its longest (one compiled step per bucket met; the small
+  # world's sources are at most 133 tokens of 256: pipelines.LengthBuckets). On GPUs and
+  # TPUs the trainer's MFU counts the first batch's shapes.
+  e.length_multiple = 0
   # Beyond the paper: the decoder starts with the label's first token (`label_start_ids`)
   # instead of BART's start token, so every decoder position sees the label it argues for
   # through self-attention. The reference gives the label in the source only, which a
@@ -203,6 +209,9 @@ def _check_lengths(e: ml_collections.ConfigDict, config: bart.BartConfig) -> Non
   if e.max_source_len < 8 or e.max_target_len < 4:
     raise MochegInputError("config.explain.max_source_len must be >= 8 and max_target_len "
                            ">= 4")
+  if e.length_multiple < 0:
+    raise MochegInputError(f"config.explain.length_multiple must be >= 0 (0: no buckets), "
+                           f"got {e.length_multiple}")
 
 
 def build_model(source: GeneratorSource, seed: int, dtype: str = "float32") -> bart.Bart:
@@ -407,6 +416,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
     return reinforce.explanation_loss(model, batch, step=jnp.max(batch["step"]), key=key,
                                       settings=settings, reward_model=reward,
                                       reconstruction_weight=e.reconstruction_weight,
+                                      reconstruction_length=e.max_target_len,
                                       start_ids=starts)
 
   def train_data(local_batch: int):
@@ -414,7 +424,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
     pipeline = pipelines.explanation(data.tfds, "train", source.tokenizer_dir, loader,
                                      max_source_len=e.max_source_len,
                                      max_target_len=e.max_target_len,
-                                     left_truncation=e.left_truncation)
+                                     left_truncation=e.left_truncation,
+                                     length_multiple=e.length_multiple)
     return StepNumbered(iter(pipeline.dataset))
 
   evaluator = _dev_evaluator(explainer, dev_claims(data.release, e), reward_model)

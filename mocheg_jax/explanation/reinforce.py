@@ -317,6 +317,7 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
                      key: jax.Array | None, settings: ReinforceSettings,
                      reward_model: RewardModel | None = None,
                      reconstruction_weight: float = 0.0,
+                     reconstruction_length: int | None = None,
                      start_ids: jax.Array | None = None
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """NLL (+ the weighted REINFORCE term once `step >= settings.start_step`) of a batch.
@@ -334,8 +335,10 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
     key: PRNG key of the sample (needed with a reward model).
     settings: the static settings.
     reward_model: the frozen classifier; None (or sc_weight 0) gives the NLL alone.
-    reconstruction_weight: weight of `source_reconstruction_nll` over the first T source
-      tokens (0: off; for randomly initialised generators).
+    reconstruction_weight: weight of `source_reconstruction_nll` over the first
+      `reconstruction_length` source tokens (0: off; for randomly initialised generators).
+    reconstruction_length: default T; a fixed length (the task's max_target_len) keeps the
+      term the same whatever padding a batch's length bucket cut.
     start_ids: int [B], each row's decoder start token for the explanation (the NLL pass,
       the sample and its scoring pass); None: the model's decoder_start_token_id.
 
@@ -355,7 +358,7 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
   loss = nll
   if reconstruction_weight:
     copy_nll = source_reconstruction_nll(model, train_memory, source_ids, source_mask,
-                                         targets.shape[1])
+                                         reconstruction_length or targets.shape[1])
     metrics["reconstruction_nll"] = copy_nll
     loss = loss + reconstruction_weight * copy_nll
   if reward_model is None or settings.sc_weight == 0:
