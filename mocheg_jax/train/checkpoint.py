@@ -34,7 +34,6 @@ ocp.type_handlers.register_type_handler(
         min_slice_bytes_for_replica_parallel=_MIN_BYTES_FOR_REPLICA_PARALLEL), override=True)
 
 
-
 def _not_the_read_only_notice(record) -> bool:
   return not str(record.msg).startswith("Given directory is read only")
 
