@@ -71,9 +71,9 @@ def explain_config() -> ml_collections.ConfigDict:
   e.left_truncation = False  # True: the reference's left truncation (drops label/claim).
   # Training batches' padding: 0 pads every batch to max_source_len / max_target_len (one
   # compiled step, the reference's shapes); N pads each global batch's sources and targets
-  # to the next multiple of N of its longest (one compiled step per bucket met; the small
-  # world's sources are at most 133 tokens of 256: pipelines.LengthBuckets). On GPUs and
-  # TPUs the trainer's MFU counts the first batch's shapes.
+  # to the next multiple of N of its longest (one compiled step per bucket met:
+  # pipelines.LengthBuckets). On GPUs and TPUs the trainer's MFU counts the first batch's
+  # shapes.
   e.length_multiple = 0
   # Beyond the paper: the decoder starts with the label's first token (`label_start_ids`)
   # instead of BART's start token, so every decoder position sees the label it argues for
