@@ -49,6 +49,9 @@ def get_config(variant: str = "tiny"):
     c.optimizer.warmup_steps = 12
     c.retrieval.max_query_len = 40
     c.retrieval.max_doc_len = 64
+    # KB sentences are at most 31 tokens here, so the positives and negatives of every batch
+    # are cut to 32: training step 0.60x (BENCHMARKS.md, "Length buckets").
+    c.retrieval.length_multiple = 32
   elif variant == "paper":
     c.data.scale = "paper"
     c.model.init = "minilm"

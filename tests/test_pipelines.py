@@ -55,6 +55,21 @@ def test_text_retrieval_skips_claims_without_evidence(setup):
   assert _decode(wp, batch["negative_ids"][one]) == "dr. venn opened it."
 
 
+def test_text_retrieval_draws_extra_negatives_too(setup):
+  data_dir, wp, _ = setup
+  extra = {1: ["a post claimed it."], 2: ["the varlen bridge is red."]}
+  p = pipelines.text_retrieval(data_dir, "train", wp, _loader(), max_query_len=16,
+                               max_doc_len=16, extra_negatives=extra)
+  drawn = {1: set(), 2: set()}
+  for batch in _batches(p, 16):
+    assert batch["has_negative"].all()
+    for claim_id, negative in zip(batch["claim_id"], batch["negative_ids"]):
+      drawn[int(claim_id)].add(_decode(wp, negative))
+  # Each claim's own-article negatives (the dataset's) and its extra one.
+  assert drawn == {1: {"dr. venn opened it.", "a post claimed it."},
+                   2: {"it is not varlen.", "the varlen bridge is red."}}
+
+
 def test_image_and_verification_batches(setup):
   data_dir, wp, _ = setup
   img = next(iter(pipelines.image_retrieval(data_dir, "train", wp, _loader(batch_size=1),

@@ -1,4 +1,4 @@
-"""The cross-encoder reranker: loss, pairs, mining cache, batched scoring, and one tiny run."""
+"""The cross-encoder reranker: loss, pairs, mining settings, batched scoring, and one tiny run."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.data.tokenizers import load_tokenizer, minilm_dir
 from mocheg_jax.models import bert
+from mocheg_jax.retrieval import mining
 from mocheg_jax.retrieval import rerank as rr
-from mocheg_jax.utils import paths
 
 
 # ---- loss ------------------------------------------------------------------------------------
@@ -71,37 +70,6 @@ def test_training_pairs_positives_hard_and_random_negatives():
   np.testing.assert_array_equal(again.pairs, pairs.pairs)
   other = rr.training_pairs(world, mined, hard=2, random=3, seed=1)
   assert other.sentences != pairs.sentences
-
-
-# ---- the mining cache ---------------------------------------------------------------------------
-def test_mining_cache_runs_once_and_rejects_other_settings(tmp_path):
-  path = str(tmp_path / rr.MINED_FILE)
-  calls = []
-
-  def make():
-    calls.append(1)
-    return {"train": {"7": ["s5"]}, "dev": {"3": [["s1", 2.0]]}, "retriever_step": None}
-
-  settings = {"method": "bm25", "mine_top_k": 30}
-  first = rr.cached_mining(path, settings, make, log=lambda _: None)
-  again = rr.cached_mining(path, settings, make, log=lambda _: None)
-  assert len(calls) == 1 and first == again and first["train"] == {"7": ["s5"]}
-  with pytest.raises(MochegInputError, match="mine_top_k"):
-    rr.cached_mining(path, {**settings, "mine_top_k": 50}, make, log=lambda _: None)
-  # A cache that names its retriever under a folder since moved: the same retriever there.
-  moved_path = str(tmp_path / "moved.json")
-  old = {**settings, "retriever": "/cluster/run/stages/retrieval_text"}
-  rr.cached_mining(moved_path, old, make, log=lambda _: None)
-  now = {**settings, "retriever": "/home/run/stages/retrieval_text"}
-  with pytest.raises(MochegInputError, match="retriever differ"):
-    rr.cached_mining(moved_path, now, make, log=lambda _: None)
-  with paths.moved_folder(("/cluster/run", "/home/run")):
-    assert rr.cached_mining(moved_path, now, make, log=lambda _: None)["settings"] == old
-  assert len(calls) == 2
-  with open(path, "w") as f:
-    f.write("{not json")
-  with pytest.raises(MochegInputError, match="unreadable"):
-    rr.cached_mining(path, settings, make, log=lambda _: None)
 
 
 def test_mining_settings_name_the_method():
@@ -196,7 +164,7 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   metrics = result.metrics
 
   # The cache holds BM25's candidates: "before" is BM25's own order, recomputed here.
-  with open(os.path.join(workdir, rr.MINED_FILE)) as f:
+  with open(os.path.join(workdir, mining.MINED_FILE)) as f:
     mined = json.load(f)
   assert mined["settings"]["method"] == "bm25" and mined["train"]
   world = rr.load_world(os.path.join(data_dir, "release"), 0, config.seed)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grain
 from absl import flags
@@ -221,9 +221,10 @@ def _make_pipeline(source, keep: Callable[[Example], bool] | None, skip_reason: 
 
 # ---- text retrieval: (claim, positive sentence, hard negative) ---------------------------
 def _text_retrieval_example(record: Example, rng: np.random.Generator, *, tokenizer_dir: str,
-                            max_query_len: int, max_doc_len: int) -> Example:
+                            max_query_len: int, max_doc_len: int,
+                            extra_negatives: Mapping[int, Sequence[str]]) -> Example:
   positives = record["relevant_sentences"]
-  negatives = record["negative_sentences"]
+  negatives = [*record["negative_sentences"], *extra_negatives.get(int(record["claim_id"]), ())]
   positive = _text(positives[rng.integers(len(positives))])
   negative = _text(negatives[rng.integers(len(negatives))]) if len(negatives) else ""
   q_ids, q_mask = _encode(tokenizer_dir, _text(record["claim"]), max_query_len)
@@ -234,13 +235,24 @@ def _text_retrieval_example(record: Example, rng: np.random.Generator, *, tokeni
           "negative_mask": n_mask, "has_negative": np.bool_(len(negatives) > 0)}
 
 
+TEXT_RETRIEVAL_LENGTHS = (("query_mask", ("query_ids",)), ("positive_mask", ("positive_ids",)),
+                          ("negative_mask", ("negative_ids",)))
+
+
 def text_retrieval(data_dir: str, split: str, tokenizer_dir: str, loader: LoaderConfig,
-                   max_query_len: int = 64, max_doc_len: int = 100) -> Pipeline:
+                   max_query_len: int = 64, max_doc_len: int = 100,
+                   extra_negatives: Mapping[int, Sequence[str]] | None = None,
+                   length_multiple: int = 0) -> Pipeline:
+  """`extra_negatives`: {claim id: more hard negative texts} beside the record's own.
+  `length_multiple`: 0 pads every batch to max_query_len / max_doc_len; N pads each global
+  batch's claims, positives and negatives to the next multiple of N of their longest."""
   transform = functools.partial(_text_retrieval_example, tokenizer_dir=tokenizer_dir,
-                                max_query_len=max_query_len, max_doc_len=max_doc_len)
+                                max_query_len=max_query_len, max_doc_len=max_doc_len,
+                                extra_negatives=extra_negatives or {})
+  buckets = LengthBuckets(length_multiple, TEXT_RETRIEVAL_LENGTHS) if length_multiple else None
   return _make_pipeline(_source(data_dir, "claims", split),
                         lambda r: len(r["relevant_sentences"]) > 0,
-                        "no relevant KB sentence", transform, loader)
+                        "no relevant KB sentence", transform, loader, buckets)
 
 
 # ---- caption pre-training: (caption, picture) ---------------------------------------------

