@@ -201,7 +201,8 @@ def mine_bm25_negatives(release_dir: str, top_k: int,
       "KB sentences")
   index = bm25.BM25.build(ids, texts)
   text_of = dict(zip(ids, texts))
-  # Enough hits that `top_k` survive dropping the relevant ones.
+  # Enough hits that `top_k` survive dropping the relevant ones (repeats of their texts
+  # may still leave a claim fewer).
   most_relevant = max((len(j) for j in qrels.values()), default=0)
   run = index.run(claims, top_k + most_relevant)
   mined = {}
