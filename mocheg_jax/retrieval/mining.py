@@ -19,6 +19,11 @@ from mocheg_jax.utils import files, paths
 MINED_FILE = "mined_negatives.json"
 
 
+def world_name(config) -> str:
+  """What a cache's settings call the data it was mined on: the release, or the world."""
+  return config.data.release or f"synthetic/{config.data.scale}"
+
+
 def cached_mining(path: str, settings: dict[str, Any], make: Callable[[], dict],
                   log: Callable[[str], None] = print) -> dict[str, Any]:
   """`make()` once: process 0 writes `path` (atomically), every process reads it."""

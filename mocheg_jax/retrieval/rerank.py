@@ -245,7 +245,7 @@ def mining_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
           "retriever_checkpoint": r.retriever_checkpoint if method == "bi-encoder" else "",
           "mine_top_k": r.mine_top_k, "eval_candidates": r.eval_candidates,
           "max_corpus": r.max_corpus, "seed": config.seed,
-          "data": config.data.release or f"synthetic/{config.data.scale}"}
+          "data": mining.world_name(config)}
 
 
 # ---- training pairs and their grain pipeline -------------------------------------------------

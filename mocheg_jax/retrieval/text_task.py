@@ -190,17 +190,13 @@ def mine_bm25_negatives(release_dir: str, top_k: int,
   a repeated gold sentence is no negative)}, best first."""
   from mocheg_jax.retrieval import bm25  # Only when mining.
   release = MochegRelease(release_dir)
-  ids, texts = [], []
-  for s in release.iter_sentences():
-    ids.append(s.corpus_id)
-    texts.append(s.text)
+  text_of = {s.corpus_id: s.text for s in release.iter_sentences()}
   qrels = release.text_qrels(TRAIN_SPLIT)
   claims = {str(c.claim_id): c.claim for c in release.claims(TRAIN_SPLIT)
             if any(rel > 0 for rel in qrels.get(c.claim_id, {}).values())}
-  log(f"retrieval: mining BM25 negatives for {len(claims)} train claims over {len(ids)} "
+  log(f"retrieval: mining BM25 negatives for {len(claims)} train claims over {len(text_of)} "
       "KB sentences")
-  index = bm25.BM25.build(ids, texts)
-  text_of = dict(zip(ids, texts))
+  index = bm25.BM25.build(list(text_of), list(text_of.values()))
   # Enough hits that `top_k` survive dropping the relevant ones (repeats of their texts
   # may still leave a claim fewer).
   most_relevant = max((len(j) for j in qrels.values()), default=0)
@@ -221,7 +217,7 @@ def _mined_negatives(config: ml_collections.ConfigDict, workdir: str,
     raise ValueError(f"config.retrieval.mined_negatives {r.mined_negatives!r}: expected "
                      "'' or 'bm25'")
   settings = {"method": "bm25", "mine_top_k": r.mine_top_k,
-              "data": config.data.release or f"synthetic/{config.data.scale}"}
+              "data": mining.world_name(config)}
   log = print if distributed.is_primary() else (lambda _: None)
   cached = mining.cached_mining(
       os.path.join(workdir, mining.MINED_FILE), settings,
