@@ -16,7 +16,10 @@ Variants:
          fine-tuned bi-encoder it reranks: on dev (top 30) R@5 0.67 after 150 steps and 0.75
          after 300, against the bi-encoder's 0.86 (lr 1e-4; 0.61 at 150 steps with 5e-5). A
          pretrained cross-encoder (the reference's ms-marco-MiniLM, --config.model.init)
-         is the real fix; none can be downloaded here.
+         is the real fix; none can be downloaded here. The listwise loss
+         (--config.rerank.loss=listwise --config.batch_size=4
+         --config.rerank.hard_negatives=6 --config.rerank.random_negatives=1: 4 groups of
+         8, the same 32 pairs a step) did no better: dev R@5 0.66 against 0.68 at 150 steps.
   paper: the reference's settings (ms-marco-MiniLM-L-6-v2, max 100 tokens, batch 512,
          warmup 5000 steps, 20 negatives per claim, about 20 epochs; AdamW lr 2e-5 and
          weight decay 0.01, sentence-transformers' defaults, as the reference's command-line

@@ -34,6 +34,20 @@ def test_bce_matches_torch_bce_with_logits(pos_weight, one_torch_thread):
                                               jnp.asarray([0., 1.]), pos_weight)))
 
 
+def test_listwise_cross_entropy_matches_torch_cross_entropy_on_the_first_member(
+    one_torch_thread):
+  import torch
+  logits = np.random.default_rng(1).normal(0, 4, (6, 8)).astype(np.float32)
+  ours = rr.listwise_cross_entropy(jnp.asarray(logits))
+  theirs = torch.nn.CrossEntropyLoss()(torch.from_numpy(logits), torch.zeros(6, dtype=torch.long))
+  np.testing.assert_allclose(float(ours), theirs.item(), rtol=1e-5)
+  # A group whose relevant member wins by far costs ~0; one where it loses by far, the gap.
+  np.testing.assert_allclose(float(rr.listwise_cross_entropy(jnp.asarray([[50., 0.]]))), 0.0,
+                             atol=1e-6)
+  np.testing.assert_allclose(float(rr.listwise_cross_entropy(jnp.asarray([[0., 50.]]))), 50.0,
+                             rtol=1e-6)
+
+
 def test_auto_pos_weight_is_the_negative_to_positive_ratio():
   assert rr.auto_pos_weight(np.array([1, 0, 0, 0, 1, 0, 0, 0])) == 3.0
   with pytest.raises(ValueError, match="no positive"):
@@ -70,6 +84,43 @@ def test_training_pairs_positives_hard_and_random_negatives():
   np.testing.assert_array_equal(again.pairs, pairs.pairs)
   other = rr.training_pairs(world, mined, hard=2, random=3, seed=1)
   assert other.sentences != pairs.sentences
+
+
+def test_training_groups_one_per_relevant_sentence_it_first_then_negatives():
+  world = _world()
+  mined = {"7": ["s1", "s5", "s6", "s2", "s7", "missing"], "9": ["s31", "s30"]}
+  groups = rr.training_groups(world, mined, hard=2, random=3, seed=0)
+  assert groups.members.shape == (3, 6) and list(groups.claim_rows) == [0, 0, 1]
+  assert list(groups.claim_ids) == [7, 9]
+  rows = [[groups.sentences[s] for s in g] for g in groups.members]
+  assert [r[0] for r in rows] == ["text 1", "text 2", "text 30"]  # The relevant one first.
+  for r, relevant in zip(rows, [{"text 1", "text 2"}] * 2 + [{"text 30"}]):
+    assert len(set(r)) == 6 and not relevant & set(r[1:])  # No relevant negative.
+  for r in rows[:2]:
+    assert set(r[1:3]) <= {"text 5", "text 6", "text 7"}  # The first stage's ones first.
+  # Claim 9's first stage has one usable candidate: random sentences make the group up.
+  assert rows[2][1] == "text 31"
+  again = rr.training_groups(world, mined, hard=2, random=3, seed=0)
+  np.testing.assert_array_equal(again.members, groups.members)
+  assert again.sentences == groups.sentences
+  with pytest.raises(ValueError, match="at least one negative"):
+    rr.training_groups(world, mined, hard=0, random=0, seed=0)
+  with pytest.raises(ValueError, match="too few"):
+    rr.training_groups(world, mined, hard=30, random=20, seed=0)
+
+
+def test_group_dataset_batches_groups_of_pairs():
+  world = _world()
+  groups = rr.training_groups(world, {}, hard=0, random=3, seed=0)
+  tokenizer_dir = str(minilm_dir())
+  batch = next(iter(rr.group_dataset(groups, tokenizer_dir, 24, 2, 2, seed=3)))
+  assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "claim_id"}
+  assert batch["input_ids"].shape == (2, 4, 24) and batch["claim_id"].shape == (2,)
+  tokenizer = load_tokenizer(tokenizer_dir)
+  for g, claim_id in zip(batch["input_ids"], batch["claim_id"]):
+    claim = {7: "claim seven", 9: "claim nine"}[int(claim_id)]
+    decoded = [tokenizer.decode(ids, skip_special_tokens=True) for ids in g]
+    assert all(d.startswith(claim) for d in decoded)  # Every member pairs the group's claim.
 
 
 def test_mining_settings_name_the_method():
@@ -202,6 +253,34 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   task = resolve(config.task)(config, workdir)
   batch = next(task.train_data(8))
   assert batch["input_ids"].shape == (8, config.rerank.max_len)
+
+
+def test_tiny_listwise_run_learns_to_put_the_relevant_sentence_first(tmp_path):
+  from configs import rerank as rerank_configs
+  from mocheg_jax.data import prepare
+  from mocheg_jax.train import loop
+
+  data_dir = str(tmp_path / "data")
+  prepare.prepare(data_dir, scale="tiny", log=lambda _: None)
+  config = rerank_configs.get_config("tiny")
+  config.data.dir = data_dir
+  config.rerank.loss = "listwise"
+  config.rerank.hard_negatives, config.rerank.random_negatives = 6, 1
+  config.total_steps, config.batch_size = 60, 4  # Groups of 8: 32 pairs a step.
+  config.rerank.max_len = 48
+  config.eval_every = 0
+  config.checkpoint_every = 60
+  config.async_checkpoints = False
+  config.mesh.data = 1
+  workdir = str(tmp_path / "rerank")
+  result = loop.train(config, workdir, devices=jax.devices()[:1], log=lambda _: None)
+  # The relevant sentence tops its group of 8 (chance 1/8) far more often than at the start.
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    logged = [json.loads(line) for line in f if '"batch_accuracy"' in line]
+  assert logged[0]["batch_accuracy"] < 0.2 < 0.4 < result.metrics["batch_accuracy"], logged
+  assert result.metrics["mean_positive_logit"] > result.metrics["mean_negative_logit"]
+  reranker = rr.load_reranker(workdir)  # Inference reads it as any reranker.
+  assert len(reranker(["a claim"], [[("a", "one text"), ("b", "another")]])[0]) == 2
 
 
 def test_candidate_auc():

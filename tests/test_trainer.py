@@ -186,6 +186,13 @@ def test_a_saved_config_gets_its_task_sections_defaults():
   assert config.verify.clip == "/some/clip" and config.verify.hidden == 7
   assert config.verify.text_attention == "learned"
   assert config.verify.clip_shape.text_hidden > 0  # Nested sections are filled too.
+  # Retrieval checkpoints written before their newest fields existed load the same way.
+  reranker = restore.saved_config({"task": "mocheg_jax.retrieval.rerank:make_task",
+                                   "rerank": {"retriever": "/some/text"}})
+  assert reranker.rerank.loss == "bce" and reranker.rerank.retriever == "/some/text"
+  text = restore.saved_config({"task": "mocheg_jax.retrieval.text_task:make_task",
+                               "retrieval": {"scale": 20.0}})
+  assert text.retrieval.mined_negatives == "" and text.retrieval.length_multiple == 0
   # A task module without config_defaults() gets the trainer's defaults only.
   assert "verify" not in restore.saved_config(toy_config().to_dict())
 

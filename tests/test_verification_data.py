@@ -7,6 +7,7 @@ world, [SEP] pooled) for the whole module.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import pickle
@@ -111,6 +112,7 @@ def test_gold_evidence_keeps_every_claim_with_its_sentences_and_proofs(world, go
                             for s in text_lib.split_sentences(snippet))
     assert e.images == tuple(os.path.abspath(world.image_path(n)) for n in c.proof_images)
     assert all(os.path.isabs(p) and os.path.isfile(p) for p in e.images)
+    assert e.gold_texts == e.texts  # Gold evidence: every item is relevant.
   # The tiny world's snippets are single sentences; a paragraph of several is split.
   assert evidence_lib.evidence_sentences(
       ["It opened in 1901. Dr. Venn built it! ", "", "  ", "Was it red? No."]) == (
@@ -132,6 +134,7 @@ def test_system_evidence_takes_the_top_k_of_the_result_csv(world, tmp_path):
     assert e.label == c.label and e.claim == c.claim
     assert e.texts == row.texts[:2]
     assert e.images == (os.path.abspath(world.image_path(row.images[0])),)
+    assert e.gold_texts == evidence_lib.evidence_sentences(c.evidence)
   none = evidence_lib.system_evidence(world, "val", path, top_text=0, top_images=0)
   assert all(not e.texts and not e.images for e in none) and len(none) == len(claims)
   image_only = evidence_lib.restrict(got, text=False)
@@ -505,6 +508,21 @@ def test_token_match_marks_the_claim_tokens_each_item_repeats(store_dir, tokeniz
     for k, v in plain[i].items():
       np.testing.assert_array_equal(x[k], v)
   assert (0.0, 1.0) in seen  # Items that repeat some claim words and not others.
+
+
+def test_item_relevance_marks_the_items_among_the_claims_gold_sentences(store_dir, gold):
+  store = features.open_store(store_dir)
+  train, _ = gold
+  # System-like evidence: a claim's items are its first gold sentence and another claim's.
+  other = next(t for e in train for t in e.texts if t not in train[0].gold_texts)
+  mixed = [dataclasses.replace(train[0], texts=(other, train[0].gold_texts[0]))]
+  batches = data_lib.VerificationBatches(mixed, store, max_claim_len=20, max_text_len=16,
+                                         max_text_items=3, max_images=1, item_relevance=True)
+  x = batches[0]
+  np.testing.assert_array_equal(x["text_relevant"], [0.0, 1.0, 0.0])  # Padding: 0.
+  assert x["text_relevant"].dtype == np.float32
+  assert "text_relevant" not in data_lib.VerificationBatches(
+      mixed, store, max_claim_len=20, max_text_len=16, max_text_items=3, max_images=1)[0]
 
 
 def test_eval_batches_cover_every_claim_once_with_padding_rows(store_dir, gold):

@@ -504,6 +504,52 @@ def test_item_context_is_what_an_item_says_beyond_the_claim():
     StanceConfig(**SMALL, use_text=False, item_context=True)
 
 
+def test_item_gate_scales_each_item_and_returns_its_logits():
+  claims = make_claims(25)
+  plain = build(25, use_image=False, text_attention="cosine", item_pool="max")
+  model = build(26, use_image=False, text_attention="cosine", item_pool="max", item_gate=True)
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, item_gate its own.
+  keys = ("claim", "claim_mask", "text", "text_mask")
+  batch = {k: v for k, v in make_batch(claims, items=(3, 1), seed=8).items() if k in keys}
+  logits, gates = model(**batch, return_item_gates=True)
+  assert gates.shape == batch["text_mask"].shape[:2]
+  np.testing.assert_allclose(logits, run(model, batch), atol=1e-6)  # Same logits either way.
+  assert plain(**batch, return_item_gates=True)[1] is None
+
+  def gate_bias(value: float) -> nnx.Module:
+    out = nnx.clone(model)
+    nnx.update(out.item_gate, jax.tree.map(jnp.zeros_like,
+                                           nnx.state(out.item_gate, nnx.Param)))
+    out.item_gate.bias[...] = jnp.full_like(out.item_gate.bias[...], value)
+    return out
+  # A gate wide open is the plain model; a closed one leaves the text branch nothing.
+  np.testing.assert_allclose(run(gate_bias(40.0), batch), run(plain, batch), atol=1e-5,
+                             rtol=1e-5)
+  closed = gate_bias(-40.0)
+  no_text = {**batch, "text_mask": jnp.zeros_like(batch["text_mask"])}
+  np.testing.assert_allclose(run(closed, batch), run(closed, no_text), atol=1e-5)
+
+  # The auxiliary loss: binary cross-entropy over the present items only.
+  present = np.asarray(batch["text_mask"]).any(-1)
+  relevant = (np.random.default_rng(3).random(present.shape) < 0.5).astype(np.float32)
+  got = stance.item_relevance_loss(gates, jnp.asarray(relevant), jnp.asarray(present))
+  want = F.binary_cross_entropy_with_logits(_t(np.asarray(gates)[present]),
+                                            _t(relevant[present]))
+  np.testing.assert_allclose(float(got), want.item(), rtol=1e-5)
+  assert float(stance.item_relevance_loss(gates, jnp.asarray(relevant),
+                                          jnp.zeros_like(jnp.asarray(present)))) == 0.0
+
+  def total(m):
+    logits, g = m(**batch, return_item_gates=True)
+    return logits.sum() + stance.item_relevance_loss(g, jnp.asarray(relevant),
+                                                     jnp.asarray(present))
+  grads = nnx.grad(total)(model)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert np.abs(np.asarray(grads.item_gate.kernel[...])).max() > 0
+  with pytest.raises(ValueError, match="item_gate needs use_text"):
+    StanceConfig(**SMALL, use_text=False, item_gate=True)
+
+
 def test_zeros_mode_uses_one_classifier_with_zero_stances():
   claims = make_claims(4)
   model = build(5, missing_modality="zeros")

@@ -61,7 +61,7 @@ def test_each_verifier_trains_in_a_folder_of_its_own_on_its_evidence(tmp_path):
     config = verification_stage._config("tiny", str(tmp_path), 0, "random", mode, csv)
     assert (config.verify.use_text, config.verify.use_image) == mode[:2]
     assert config.verify.evidence == (csv if name == SYSTEM else "gold")
-    assert config.verify.item_context == (name == SYSTEM)
+    assert config.verify.item_context == config.verify.item_gate == (name == SYSTEM)
 
 
 class _SavedConfig:

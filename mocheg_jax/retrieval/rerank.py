@@ -14,11 +14,20 @@ relevant sentence plus random ones; 0: the whole KB), runs once per workdir and 
 in WORKDIR/mined_negatives.json together with the dev candidates, so a resumed run (and
 `load_trained`) never mines again.
 
-Loss: binary cross-entropy on the logit with `pos_weight` on the positive term, exactly
-torch's BCEWithLogitsLoss(pos_weight). The reference repeats the positives floor(n_neg /
-n_pos) times and sets pos_weight to the remaining fraction, so positives weigh as much as
-negatives in all; `pos_weight <= 0` (the default) gives that same balance in one factor,
-n_neg / n_pos of our training pairs, without repeating examples.
+Loss (`rerank.loss`):
+  * "bce" (the reference's): binary cross-entropy on the logit with `pos_weight` on the
+    positive term, exactly torch's BCEWithLogitsLoss(pos_weight). The reference repeats the
+    positives floor(n_neg / n_pos) times and sets pos_weight to the remaining fraction, so
+    positives weigh as much as negatives in all; `pos_weight <= 0` (the default) gives that
+    same balance in one factor, n_neg / n_pos of our training pairs, without repeating
+    examples. `batch_size` counts pairs.
+  * "listwise" (beyond the paper): one group per (train claim, relevant sentence): the
+    sentence first, then `hard_negatives` + `random_negatives` negatives drawn as above;
+    softmax cross-entropy of the group's logits with the relevant sentence as the target
+    (a localized contrastive estimate). Why: a reranker ranks, and a pointwise loss spends
+    its steps calibrating each logit on its own; the listwise one only asks the relevant
+    sentence to beat the first stage's own confusions (on the synthetic worlds, the
+    articles' restatements of the claim), side by side. `batch_size` counts groups.
 
 Dev: the val claims' top `eval_candidates` from the same first stage are reranked; the
 evaluator reports recall/NDCG@k, MRR@10, the un-cut TREC ndcg/map over the candidates and
@@ -71,13 +80,19 @@ def rerank_config() -> ml_collections.ConfigDict:
   r.mine_top_k = 30  # First-stage results that hard negatives are drawn from.
   r.hard_negatives = 8  # Per claim.
   r.random_negatives = 4  # Per claim.
-  r.pos_weight = 0.0  # <= 0: n_negatives / n_positives of the training pairs.
+  r.loss = "bce"  # "bce" (the reference's, per pair) or "listwise" (per group): see above.
+  r.pos_weight = 0.0  # bce: <= 0: n_negatives / n_positives of the training pairs.
   r.max_len = 128  # Tokens per (claim, sentence) pair, longest-first truncation.
   r.max_corpus = 20000  # Sentences searched when mining (relevant + random); 0: all.
   r.eval_candidates = 50  # First-stage candidates per dev claim.
   r.eval_batch_size = 128
   r.mine_batch_size = 128  # Bi-encoder encoding batch while mining.
   return r
+
+
+def config_defaults() -> dict:
+  """This task's config sections (train.task.config_defaults: old checkpoints still load)."""
+  return {"model": text_task.model_config(), "rerank": rerank_config()}
 
 
 # ---- loss -------------------------------------------------------------------------------
@@ -87,6 +102,15 @@ def bce_with_logits(logits: jax.Array, labels: jax.Array, pos_weight: float | ja
   x, y = logits.astype(jnp.float32), labels.astype(jnp.float32)
   # log s(x) = -softplus(-x) and log(1 - s(x)) = -softplus(x), stable for any x.
   return jnp.mean(pos_weight * y * jax.nn.softplus(-x) + (1.0 - y) * jax.nn.softplus(x))
+
+
+def listwise_cross_entropy(logits: jax.Array) -> jax.Array:
+  """Mean over groups [B, G] of -log softmax(logits)[:, 0]: the first member is the target."""
+  x = logits.astype(jnp.float32)
+  return jnp.mean(jax.nn.logsumexp(x, axis=-1) - x[:, 0])
+
+
+LOSSES = ("bce", "listwise")
 
 
 def auto_pos_weight(labels: np.ndarray) -> float:
@@ -258,6 +282,21 @@ class Pairs:
   pos_weight: float
 
 
+def _draw_negatives(world: World, ranked: Sequence[str], row: Mapping[str, int],
+                    skip: set[str], hard: int, random: int, rng: np.random.Generator
+                    ) -> list[str]:
+  """Up to `hard` of the first stage's candidates (in their order) and then `random` KB
+  sentences, none in `skip` and none twice."""
+  skip = set(skip)
+  pool = [d for d in ranked if d not in skip and d in row]
+  chosen = [pool[i] for i in sorted(rng.choice(len(pool), min(hard, len(pool)),
+                                               replace=False))]
+  skip.update(chosen)
+  draws = rng.choice(len(world.ids), min(len(world.ids), 2 * random + len(skip)),
+                     replace=False)
+  return chosen + [d for d in (world.ids[i] for i in draws) if d not in skip][:random]
+
+
 def training_pairs(world: World, mined: Mapping[str, list[str]], hard: int, random: int,
                    seed: int) -> Pairs:
   row = {d: i for i, d in enumerate(world.ids)}
@@ -265,20 +304,56 @@ def training_pairs(world: World, mined: Mapping[str, list[str]], hard: int, rand
   out = []
   for c, (cid, _, positives) in enumerate(world.train):
     rng = np.random.default_rng([seed, int(cid)])
-    skip = set(positives)
-    pool = [d for d in mined.get(cid, []) if d not in skip and d in row]
-    chosen = [pool[i] for i in sorted(rng.choice(len(pool), min(hard, len(pool)),
-                                                 replace=False))]
-    skip.update(chosen)
-    draws = rng.choice(len(world.ids), min(len(world.ids), 2 * random + len(skip)),
-                       replace=False)
-    chosen += [d for d in (world.ids[i] for i in draws) if d not in skip][:random]
+    chosen = _draw_negatives(world, mined.get(cid, []), row, set(positives), hard, random,
+                             rng)
     for d, label in [(p, 1) for p in positives] + [(n, 0) for n in chosen]:
       out.append((c, used.setdefault(row[d], len(used)), label))
   pairs = np.asarray(out, np.int32).reshape(-1, 3)
   return Pairs([claim for _, claim, _ in world.train],
                np.asarray([int(cid) for cid, _, _ in world.train], np.int32),
                [world.texts[i] for i in used], pairs, auto_pos_weight(pairs[:, 2]))
+
+
+@dataclasses.dataclass
+class Groups:
+  claims: list[str]
+  claim_ids: np.ndarray  # [C] int32
+  sentences: list[str]  # Only the sentences some group uses.
+  claim_rows: np.ndarray  # [N] int32: each group's claim row.
+  members: np.ndarray  # [N, G] int32 sentence rows: the relevant one, then the negatives.
+
+
+def training_groups(world: World, mined: Mapping[str, list[str]], hard: int, random: int,
+                    seed: int) -> Groups:
+  """One group per (train claim, relevant sentence), its negatives drawn as the pairs' are
+  (none relevant to the claim); a first stage with too few candidates is made up with
+  random sentences, so every group has 1 + hard + random members."""
+  size = 1 + hard + random
+  if size < 2:
+    raise ValueError("a listwise group needs at least one negative: hard_negatives + "
+                     "random_negatives is 0")
+  if len(world.ids) < size:
+    raise ValueError(f"{len(world.ids)} sentences searched: too few for groups of {size}")
+  row = {d: i for i, d in enumerate(world.ids)}
+  used: dict[int, int] = {}  # World row -> sentence row.
+  claim_rows, members = [], []
+  for c, (cid, _, positives) in enumerate(world.train):
+    for k, positive in enumerate(positives):
+      rng = np.random.default_rng([seed, int(cid), k])
+      ranked = mined.get(cid, [])
+      chosen = _draw_negatives(world, ranked, row, set(positives), hard, random, rng)
+      if len(chosen) < size - 1:  # Few first-stage candidates, or a crowded small KB.
+        chosen += _draw_negatives(world, (), row, set(positives) | set(chosen), 0,
+                                  size - 1 - len(chosen), rng)
+      if len(chosen) < size - 1:
+        raise ValueError(f"train claim {cid}: only {len(chosen)} negatives for a group of "
+                         f"{size} among {len(world.ids)} sentences")
+      claim_rows.append(c)
+      members.append([used.setdefault(row[d], len(used)) for d in [positive] + chosen])
+  return Groups([claim for _, claim, _ in world.train],
+                np.asarray([int(cid) for cid, _, _ in world.train], np.int32),
+                [world.texts[i] for i in used], np.asarray(claim_rows, np.int32),
+                np.asarray(members, np.int32).reshape(-1, size))
 
 
 _local = threading.local()
@@ -292,6 +367,15 @@ def _thread_tokenizer(path: str):
   return cache[path]
 
 
+def _tokenized_pairs(tokenizer_path: str, claims: list[str], sentences: list[str],
+                    max_len: int) -> dict[str, np.ndarray]:
+  enc = _thread_tokenizer(tokenizer_path)(
+      claims, sentences, max_length=max_len, truncation=True, padding="max_length",
+      return_token_type_ids=True)
+  return {k: np.asarray(enc[k], np.int32)
+          for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
 class PairBatch:
   """grain map: a global batch of pair indices -> this process's tokenised rows."""
 
@@ -301,35 +385,66 @@ class PairBatch:
 
   def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     rows = self.pairs.pairs[np.asarray(indices)[self.first:self.first + self.size]]
-    enc = _thread_tokenizer(self.tokenizer_path)(
-        [self.pairs.claims[c] for c in rows[:, 0]],
-        [self.pairs.sentences[s] for s in rows[:, 1]], max_length=self.max_len,
-        truncation=True, padding="max_length", return_token_type_ids=True)
-    return {"input_ids": np.asarray(enc["input_ids"], np.int32),
-            "attention_mask": np.asarray(enc["attention_mask"], np.int32),
-            "token_type_ids": np.asarray(enc["token_type_ids"], np.int32),
-            "label": rows[:, 2].astype(np.float32),
-            "claim_id": self.pairs.claim_ids[rows[:, 0]]}
+    out = _tokenized_pairs(self.tokenizer_path, [self.pairs.claims[c] for c in rows[:, 0]],
+                           [self.pairs.sentences[s] for s in rows[:, 1]], self.max_len)
+    out.update(label=rows[:, 2].astype(np.float32), claim_id=self.pairs.claim_ids[rows[:, 0]])
+    return out
 
 
-def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, global_batch: int,
-                 local_batch: int, seed: int, workers: int = 0,
-                 read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()) -> grain.IterDataset:
-  """Shuffled pairs, repeated forever, batched; its iterator state checkpoints.
+class GroupBatch:
+  """grain map: a global batch of group indices -> this process's tokenised groups,
+  [local batch, group size, max_len] each."""
 
-  Every process batches the same global stream and tokenises its own rows, so the global
-  batches do not depend on the number of processes.
-  """
-  first = jax.process_index() * local_batch
-  ds = (grain.MapDataset.range(len(pairs.pairs)).seed(seed).shuffle().repeat(None)
-        .batch(global_batch, drop_remainder=True)
-        .map(PairBatch(pairs, tokenizer_path, max_len, first, local_batch)))
+  def __init__(self, groups: Groups, tokenizer_path: str, max_len: int, first: int,
+               size: int):
+    self.groups, self.tokenizer_path, self.max_len = groups, tokenizer_path, max_len
+    self.first, self.size = first, size
+
+  def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    picked = np.asarray(indices)[self.first:self.first + self.size]
+    claim_rows, members = self.groups.claim_rows[picked], self.groups.members[picked]
+    width = members.shape[1]
+    out = _tokenized_pairs(
+        self.tokenizer_path, [self.groups.claims[c] for c in claim_rows for _ in range(width)],
+        [self.groups.sentences[s] for s in members.reshape(-1)], self.max_len)
+    out = {k: v.reshape(len(picked), width, -1) for k, v in out.items()}
+    out["claim_id"] = self.groups.claim_ids[claim_rows]
+    return out
+
+
+def _example_dataset(count: int, batch_map: Callable[[np.ndarray], dict[str, np.ndarray]],
+                     global_batch: int, seed: int, workers: int,
+                     read_ahead: pipelines.ReadAhead) -> grain.IterDataset:
+  """Shuffled example indices, repeated forever, batched and mapped; its iterator state
+  checkpoints. Every process batches the same global stream and tokenises its own rows, so
+  the global batches do not depend on the number of processes."""
+  ds = (grain.MapDataset.range(count).seed(seed).shuffle().repeat(None)
+        .batch(global_batch, drop_remainder=True).map(batch_map))
   out = pipelines.iterate(ds, read_ahead)
   if workers > 0:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (see pipelines.py).
       flags.FLAGS.mark_as_parsed()
     out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
   return out
+
+
+def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, global_batch: int,
+                 local_batch: int, seed: int, workers: int = 0,
+                 read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()) -> grain.IterDataset:
+  first = jax.process_index() * local_batch
+  return _example_dataset(len(pairs.pairs),
+                          PairBatch(pairs, tokenizer_path, max_len, first, local_batch),
+                          global_batch, seed, workers, read_ahead)
+
+
+def group_dataset(groups: Groups, tokenizer_path: str, max_len: int, global_batch: int,
+                  local_batch: int, seed: int, workers: int = 0,
+                  read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()
+                  ) -> grain.IterDataset:
+  first = jax.process_index() * local_batch
+  return _example_dataset(len(groups.members),
+                          GroupBatch(groups, tokenizer_path, max_len, first, local_batch),
+                          global_batch, seed, workers, read_ahead)
 
 
 # ---- inference ---------------------------------------------------------------------------
@@ -494,6 +609,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   if not 3 <= r.max_len <= source.config.max_position_embeddings:
     raise ValueError(f"config.rerank.max_len {r.max_len} must be in [3, "
                      f"{source.config.max_position_embeddings}] (the model's max positions)")
+  if r.loss not in LOSSES:
+    raise ValueError(f"config.rerank.loss {r.loss!r}: expected one of {LOSSES}")
+  listwise = r.loss == "listwise"
   dtype = jnp.dtype(config.model.dtype)
   log = print if distributed.is_primary() else (lambda _: None)
 
@@ -521,10 +639,18 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
         f"{len(p.claims)} claims; auto pos_weight {p.pos_weight:.3f}")
     return p
 
+  @functools.cache
+  def groups() -> Groups:
+    g = training_groups(world(), mined()["train"], r.hard_negatives, r.random_negatives,
+                        config.seed)
+    log(f"rerank: {len(g.members)} training groups of {g.members.shape[1]} over "
+        f"{len(g.claims)} claims")
+    return g
+
   def model() -> bert.CrossEncoder:
     return bert.CrossEncoder(source.config, dtype=dtype, rngs=nnx.Rngs(config.seed))
 
-  def loss(model: bert.CrossEncoder, batch: dict[str, Any]):
+  def pair_loss(model: bert.CrossEncoder, batch: dict[str, Any]):
     weight = r.pos_weight if r.pos_weight > 0 else pairs().pos_weight
     logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                    deterministic=False)
@@ -533,10 +659,22 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     return value, {"batch_accuracy": accuracy, "mean_positive_logit": jnp.sum(
         logits * batch["label"]) / jnp.maximum(jnp.sum(batch["label"]), 1.0)}
 
+  def group_loss(model: bert.CrossEncoder, batch: dict[str, Any]):
+    shape = batch["input_ids"].shape  # [groups, group size, length]
+    flat = lambda x: x.reshape(-1, shape[-1])  # noqa: E731
+    logits = model(flat(batch["input_ids"]), flat(batch["attention_mask"]),
+                   flat(batch["token_type_ids"]), deterministic=False).reshape(shape[:2])
+    # batch_accuracy: how often the relevant sentence tops its group.
+    return listwise_cross_entropy(logits), {
+        "batch_accuracy": jnp.mean(jnp.argmax(logits, axis=-1) == 0),
+        "mean_positive_logit": jnp.mean(logits[:, 0]),
+        "mean_negative_logit": jnp.mean(logits[:, 1:])}
+
   def train_data(local_batch: int):
-    return iter(pair_dataset(pairs(), source.tokenizer_dir, r.max_len, config.batch_size,
-                             local_batch, config.seed, config.data.workers,
-                             pipelines.ReadAhead.of(config.data)))
+    make, examples = (group_dataset, groups()) if listwise else (pair_dataset, pairs())
+    return iter(make(examples, source.tokenizer_dir, r.max_len, config.batch_size,
+                     local_batch, config.seed, config.data.workers,
+                     pipelines.ReadAhead.of(config.data)))
 
   tokenizer = load_tokenizer(source.tokenizer_dir)
 
@@ -561,10 +699,11 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
     yield from candidate_scores(world().dev_qrels, dict(zip(first_stage, ranked))).items()
     yield from before.items()
 
-  return Task(model=model, loss=loss,
-              batch_axes={"input_ids": ("batch", "length"),
-                          "attention_mask": ("batch", "length"),
-                          "token_type_ids": ("batch", "length"), "label": ("batch",),
-                          "claim_id": ("batch",)},
+  tokens = ("batch", None, "length") if listwise else ("batch", "length")
+  batch_axes = {"input_ids": tokens, "attention_mask": tokens, "token_type_ids": tokens,
+                "claim_id": ("batch",)}
+  if not listwise:
+    batch_axes["label"] = ("batch",)
+  return Task(model=model, loss=group_loss if listwise else pair_loss, batch_axes=batch_axes,
               train_data=train_data, evaluators=(Evaluator("dev", evaluate),),
               initial_params=source.weights)

@@ -104,6 +104,11 @@ def retrieval_config() -> ml_collections.ConfigDict:
   return r
 
 
+def config_defaults() -> dict:
+  """This task's config sections (train.task.config_defaults: old checkpoints still load)."""
+  return {"model": model_config(), "retrieval": retrieval_config()}
+
+
 @dataclasses.dataclass(frozen=True)
 class TextEncoders:
   """How a trained text retriever embeds queries (claims) and documents (KB sentences)."""

@@ -15,6 +15,8 @@ claim_ids   [Lc]          int32, only with `claim_ids`: the claim's token ids, -
 image_score [Ni]          float32, only with `image_score`: cosine of CLIP's embeddings of
                           the claim and each image (0 for absent images; the store must
                           hold embeddings)
+text_relevant [Nt]        float32, only with `item_relevance`: 1 where the item is one of
+                          the claim's gold sentences (ClaimEvidence.gold_texts)
 label       int32         0 refuted, 1 supported, 2 NEI
 claim_id    int32         -1 on padding rows
 valid       bool          False on padding rows (evaluation's last batch)
@@ -86,7 +88,7 @@ class VerificationBatches:
                max_text_items: int = DEFAULT_MAX_TEXT_ITEMS,
                max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None,
                token_match: bool = False, claim_ids: bool = False,
-               image_score: bool = False):
+               image_score: bool = False, item_relevance: bool = False):
     for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
                         ("max_text_items", max_text_items), ("max_images", max_images)):
       if value < 1:
@@ -96,6 +98,7 @@ class VerificationBatches:
     self.max_text_items, self.max_images = max_text_items, max_images
     self.dtype = np.dtype(dtype or store.manifest.dtype)
     self.token_match, self.claim_ids, self.image_score = token_match, claim_ids, image_score
+    self.item_relevance = item_relevance
     if image_score and not store.manifest.embed_dim:
       raise MochegInputError(f"{store.dir}: image_score needs a feature store with CLIP "
                              "embeddings (build_store(embeddings=True))")
@@ -171,6 +174,10 @@ class VerificationBatches:
       image[:len(images)] = self.store.image(images)
     if self.image_score:
       ids["image_score"] = self._image_score(e.claim, images)
+    if self.item_relevance:
+      gold = set(e.gold_texts)
+      ids["text_relevant"] = np.asarray([t in gold for t in texts] + [False] * (
+          self.max_text_items - len(texts)), np.float32)
     return {
         "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],
         "text": text, "text_mask": text_mask,

@@ -39,6 +39,9 @@ class ClaimEvidence:
   label: int                   # 0 refuted, 1 supported, 2 NEI
   texts: tuple[str, ...]       # text items (sentences), in order (best first for system)
   images: tuple[str, ...]      # absolute image paths, in order
+  # The claim's own (gold) evidence sentences: which text items are relevant, for the
+  # item-relevance gate's training signal (stance.StanceConfig.item_gate).
+  gold_texts: tuple[str, ...] = ()
 
 
 def _check_label(claim_id: int, label: int, source: str) -> int:
@@ -75,9 +78,10 @@ def gold_evidence(release: MochegRelease, split: str) -> list[ClaimEvidence]:
     images = tuple(_existing_file(os.path.abspath(release.image_path(name)),
                                   f"{split} claim {claim.claim_id} proof image {name!r}")
                    for name in claim.proof_images)
+    texts = evidence_sentences(claim.evidence)
     out.append(ClaimEvidence(claim.claim_id, claim.claim,
                              _check_label(claim.claim_id, claim.label, source),
-                             evidence_sentences(claim.evidence), images))
+                             texts, images, texts))
   return out
 
 
@@ -151,7 +155,7 @@ def system_evidence(release: MochegRelease, split: str, result_csv: str | os.Pat
         claim.claim_id, claim.claim,
         _check_label(claim.claim_id, claim.label, release.path(split, "Corpus2.csv")),
         tuple(t for t in (x.strip() for x in result.texts[:top_text]) if t),
-        tuple(paths)))
+        tuple(paths), evidence_sentences(claim.evidence)))
   return out
 
 

@@ -162,6 +162,13 @@ class StanceConfig:
   # every claim token, so by the claim-token view they are the strongest support there is;
   # only the words around the repetition ("said", "shared") tell them apart.
   item_context: bool = False
+  # Beyond the paper: each text item's vector is scaled by a learned relevance gate,
+  # sigmoid(`item_gate` layer of the vector), before the items are pooled; the gate's logits
+  # are returned (`return_item_gates`) for an auxiliary loss against which items are the
+  # claim's gold sentences (verification/task.py). Trained on system evidence, it is told
+  # directly that a restatement of the claim or a sentence about another value of another
+  # entity is not evidence, where the verdict's loss only says so through three labels.
+  item_gate: bool = False
   leaky_relu_slope: float = LEAKY_RELU_SLOPE
 
   def __post_init__(self):
@@ -179,7 +186,7 @@ class StanceConfig:
     if self.missing_modality not in MISSING_MODALITY_MODES:
       raise ValueError(f"unknown missing_modality {self.missing_modality!r}; expected one "
                        f"of {MISSING_MODALITY_MODES}")
-    for name in ("token_match", "item_context"):
+    for name in ("token_match", "item_context", "item_gate"):
       if getattr(self, name) and not self.use_text:
         raise ValueError(f"StanceConfig.{name} needs use_text")
     if self.text_attention not in TEXT_ATTENTION_MODES:
@@ -277,6 +284,8 @@ class StanceDetector(nnx.Module):
                        if config.image_score else None)
     self.context_fuse = (layers.Dense(config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                          if config.item_context else None)
+    self.item_gate = (layers.Dense(config.hidden, 1, ("mlp", None), **kw)
+                      if config.item_gate else None)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
                                    ("mlp", "classes"), **kw)
     self.classifier_single = (
@@ -340,15 +349,18 @@ class StanceDetector(nnx.Module):
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
               deterministic: bool, read: nnx.Module | None = None,
               match: jax.Array | None = None, score: jax.Array | None = None,
-              context: bool = False) -> tuple[jax.Array, jax.Array]:
-    """One modality's stance vector [B, hidden] and whether it has any item [B].
+              context: bool = False, gate: nnx.Module | None = None
+              ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """One modality's stance vector [B, hidden], whether it has any item [B], and the item
+    gate's logits [B, N] (None without `gate`).
 
     claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
     bool, present [B, N] bool. attn None: the cosine alignment (text only); `read` (an
     image_reads module): that read instead of attention + fusion; `match` [B, N, Lc]: the
     token-match bits (text only, with config.token_match); `score` [B, N]: the claim-item
     CLIP cosines (images only, with config.image_score); `context`: add the items' context
-    (`_context`; text only, with config.item_context).
+    (`_context`; text only, with config.item_context); `gate`: scale each item by
+    sigmoid(gate(item)) before pooling (text only, with config.item_gate).
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
@@ -378,6 +390,10 @@ class StanceDetector(nnx.Module):
       s = score_features(score.astype(h.dtype), self.config.score_thresholds)
       h = h + jax.nn.leaky_relu(self.score_fuse(s), self.config.leaky_relu_slope)
     h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0).astype(jnp.float32)
+    gate_logits = None
+    if gate is not None:
+      gate_logits = gate(h)[..., 0].astype(jnp.float32)  # [B, N]
+      h = h * jax.nn.sigmoid(gate_logits)[..., None]
     # Mean or max over the present items; 0 when there are none.
     count = present.sum(-1)  # [B]
     if self.config.item_pool == "max":
@@ -386,15 +402,16 @@ class StanceDetector(nnx.Module):
     else:
       h = jnp.where(present[..., None], h, 0.0)
       stance = h.sum(1) / jnp.maximum(count, 1)[:, None].astype(jnp.float32)
-    return layers.constrain(stance, ("batch", "mlp")), count > 0
+    return layers.constrain(stance, ("batch", "mlp")), count > 0, gate_logits
 
   def __call__(self, claim: jax.Array, claim_mask: jax.Array,
                text: jax.Array | None = None, text_mask: jax.Array | None = None,
                image: jax.Array | None = None, image_mask: jax.Array | None = None,
                text_match: jax.Array | None = None, claim_ids: jax.Array | None = None,
                image_score: jax.Array | None = None, *,
-               deterministic: bool = True) -> jax.Array:
-    """Logits [B, num_classes] (float32).
+               deterministic: bool = True, return_item_gates: bool = False):
+    """Logits [B, num_classes] (float32); with `return_item_gates`, (logits, the text item
+    gate's logits [B, Nt], or None without config.item_gate).
 
     Args:
       claim: [B, Lc, text_dim] claim token states; claim_mask: [B, Lc] (bool or 0/1).
@@ -408,6 +425,7 @@ class StanceDetector(nnx.Module):
       image_score: [B, Ni] float, the cosine of CLIP's claim and image embeddings. Needed
         iff config.image_score.
       deterministic: False turns dropout on (needs a "dropout" rng stream).
+      return_item_gates: also return the item gate's logits (an auxiliary loss reads them).
     """
     cfg = self.config
     # Every shape is checked before any compute, so a bad batch fails fast and clearly.
@@ -436,13 +454,13 @@ class StanceDetector(nnx.Module):
         raise ValueError("image_score=True needs image_score")
       _check("image_score", image_score, 2, lead=image.shape[:2])
     claim_mask = claim_mask.astype(bool)
-    stances, presents = [], []
+    stances, presents, gates = [], [], None
     if cfg.use_text:
       text_mask = text_mask.astype(bool)
-      s, p = self._stance(self.text_attention, claim, claim_mask, text, text_mask,
-                          text_mask.any(-1), deterministic,
-                          match=text_match if cfg.token_match else None,
-                          context=cfg.item_context)
+      s, p, gates = self._stance(self.text_attention, claim, claim_mask, text, text_mask,
+                                 text_mask.any(-1), deterministic,
+                                 match=text_match if cfg.token_match else None,
+                                 context=cfg.item_context, gate=self.item_gate)
       stances.append(s)
       presents.append(p)
     if cfg.use_image:
@@ -454,9 +472,9 @@ class StanceDetector(nnx.Module):
       query = claim
       if self.word_embedding is not None:
         query = self.word_embedding(jnp.maximum(claim_ids, 0) % cfg.word_buckets)
-      s, p = self._stance(self.image_attention, query, claim_mask, image, keys, present,
-                          deterministic, read=self.image_read,
-                          score=image_score if cfg.image_score else None)
+      s, p, _ = self._stance(self.image_attention, query, claim_mask, image, keys, present,
+                             deterministic, read=self.image_read,
+                             score=image_score if cfg.image_score else None)
       stances.append(s)
       presents.append(p)
 
@@ -469,7 +487,8 @@ class StanceDetector(nnx.Module):
       single = classify(self.classifier_single,
                         jnp.where(p_text[:, None], s_text, s_image))
       logits = jnp.where((p_text & p_image)[:, None], logits, single)
-    return layers.constrain(logits, ("batch", "classes"))  # [B, C]
+    logits = layers.constrain(logits, ("batch", "classes"))  # [B, C]
+    return (logits, gates) if return_item_gates else logits
 
 
 def score_features(score: jax.Array, thresholds: Sequence[float] = ()) -> jax.Array:
@@ -518,6 +537,17 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
     w = w * mask.astype(jnp.float32)
   total = w.sum()
   return jnp.where(total > 0, (w * nll).sum() / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def item_relevance_loss(gate_logits: jax.Array, relevant: jax.Array, present: jax.Array
+                        ) -> jax.Array:
+  """Binary cross-entropy of the item gate's logits [B, N] against relevance [B, N] (0/1),
+  the mean over the present items (bool [B, N]); 0 when none is present."""
+  x, y = gate_logits.astype(jnp.float32), relevant.astype(jnp.float32)
+  # -[y log s(x) + (1 - y) log(1 - s(x))] = y softplus(-x) + (1 - y) softplus(x), stably.
+  per_item = y * jax.nn.softplus(-x) + (1.0 - y) * jax.nn.softplus(x)
+  count = present.astype(jnp.float32).sum()
+  return jnp.where(present, per_item, 0.0).sum() / jnp.maximum(count, 1.0)
 
 
 class ClaimOnlyClassifier(nnx.Module):

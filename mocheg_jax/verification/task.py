@@ -87,6 +87,12 @@ def verify_config() -> ml_collections.ConfigDict:
   # (stance.StanceConfig.item_context), meant to tell a restatement of the claim from
   # support; measured without gain on the small world (README, Table 4 notes).
   v.item_context = False
+  # Beyond the paper: a learned relevance gate scales each text item before the items are
+  # pooled, trained also by `item_gate_weight` x binary cross-entropy against which items are
+  # the claim's gold sentences (stance.StanceConfig.item_gate). Meant for training on system
+  # evidence; on gold evidence every item is relevant.
+  v.item_gate = False
+  v.item_gate_weight = 1.0
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -252,7 +258,12 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              image_score=image_score,
                              score_thresholds=(tuple(float(t) for t in v.score_thresholds)
                                                if image_score else ()),
-                             item_context=bool(v.use_text and v.item_context))
+                             item_context=bool(v.use_text and v.item_context),
+                             item_gate=_item_gate(v))
+
+
+def _item_gate(v: ml_collections.ConfigDict) -> bool:
+  return bool(v.use_text and v.item_gate)
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
@@ -296,16 +307,19 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
   if image_score:
     axes.update(image_score=("batch", None))
+  if _item_gate(v):
+    axes.update(text_relevant=("batch", None))
   return axes
 
 
-def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True) -> jax.Array:
-  """Logits [B, 3] from a batch of `VerificationBatches` fields."""
+def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True, **gates):
+  """Logits [B, 3] from a batch of `VerificationBatches` fields (`return_item_gates=True`:
+  also the item gate's logits, stance.StanceDetector)."""
   return model(batch["claim"], batch["claim_mask"], text=batch.get("text"),
                text_mask=batch.get("text_mask"), image=batch.get("image"),
                image_mask=batch.get("image_mask"), text_match=batch.get("text_match"),
                claim_ids=batch.get("claim_ids"), image_score=batch.get("image_score"),
-               deterministic=deterministic)
+               deterministic=deterministic, **gates)
 
 
 # ---- evidence, store and prediction ---------------------------------------------------------
@@ -368,7 +382,8 @@ class Verifier:
     return VerificationBatches(claims, self.store(claims), max_claim_len=v.max_claim_len,
                                max_text_len=v.max_text_len, max_text_items=v.max_text_items,
                                max_images=v.max_images, token_match=token_match,
-                               claim_ids=word_queries, image_score=image_score)
+                               claim_ids=word_queries, image_score=image_score,
+                               item_relevance=_item_gate(v))
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
     return split_evidence(self.release, split, source, self.config.verify)
@@ -423,6 +438,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
   features_dir = v.features_dir or os.path.join(workdir, "features")
   if v.tune_vision_layers and not v.use_image:
     raise MochegInputError("config.verify.tune_vision_layers needs use_image=True")
+  if v.tune_vision_layers and _item_gate(v):
+    raise MochegInputError("config.verify.item_gate does not combine with tune_vision_layers")
   clip_loader = functools.cache(lambda: load_clip(v, data.wordpiece, seed, moved))
   verifier = Verifier(config, data.release, features_dir, clip_loader,
                       clip_fingerprint(v, data.wordpiece, seed), moved)
@@ -448,10 +465,21 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
     return build_model(v, manifest, seed, param_dtype, vision)
 
   def loss(model: nnx.Module, batch: dict[str, Any]):
-    logits = forward(model, batch, deterministic=False)
+    gated = _item_gate(v)
+    if gated:
+      logits, gates = forward(model, batch, deterministic=False, return_item_gates=True)
+    else:
+      logits = forward(model, batch, deterministic=False)
     value = stance.weighted_cross_entropy(logits, batch["label"], weights, batch["valid"])
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
-    return value, {"batch_accuracy": accuracy}
+    metrics = {"batch_accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+    if gated:
+      present = batch["text_mask"].any(-1) & batch["valid"][:, None]
+      relevance = stance.item_relevance_loss(gates, batch["text_relevant"], present)
+      value = value + v.item_gate_weight * relevance
+      metrics.update(item_relevance_loss=relevance, item_gate_accuracy=(
+          jnp.where(present, (gates > 0) == (batch["text_relevant"] > 0.5), False).sum()
+          / jnp.maximum(present.sum(), 1)))
+    return value, metrics
 
   def train_data(local_batch: int):
     return iter(verifier.batches(train).train_dataset(
