@@ -168,6 +168,8 @@ class StanceConfig:
   # claim's gold sentences (verification/task.py). Trained on system evidence, it is told
   # directly that a restatement of the claim or a sentence about another value of another
   # entity is not evidence, where the verdict's loss only says so through three labels.
+  # With item_pool="max" a closed gate takes an item out; with a mean it still counts in
+  # the denominator.
   item_gate: bool = False
   leaky_relu_slope: float = LEAKY_RELU_SLOPE
 
