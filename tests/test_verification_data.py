@@ -112,7 +112,7 @@ def test_gold_evidence_keeps_every_claim_with_its_sentences_and_proofs(world, go
                             for s in text_lib.split_sentences(snippet))
     assert e.images == tuple(os.path.abspath(world.image_path(n)) for n in c.proof_images)
     assert all(os.path.isabs(p) and os.path.isfile(p) for p in e.images)
-    assert e.gold_texts == e.texts  # Gold evidence: every item is relevant.
+    assert e.relevant_texts == e.texts  # Gold evidence: every item is relevant.
   # The tiny world's snippets are single sentences; a paragraph of several is split.
   assert evidence_lib.evidence_sentences(
       ["It opened in 1901. Dr. Venn built it! ", "", "  ", "Was it red? No."]) == (
@@ -134,7 +134,10 @@ def test_system_evidence_takes_the_top_k_of_the_result_csv(world, tmp_path):
     assert e.label == c.label and e.claim == c.claim
     assert e.texts == row.texts[:2]
     assert e.images == (os.path.abspath(world.image_path(row.images[0])),)
-    assert e.gold_texts == evidence_lib.evidence_sentences(c.evidence)
+    judged = {d for d, rel in world.text_qrels("val").get(c.claim_id, {}).items() if rel > 0}
+    also = tuple(t for i, t in zip(row.text_ids, row.texts) if i in judged)
+    assert e.relevant_texts == tuple(dict.fromkeys(
+        evidence_lib.evidence_sentences(c.evidence) + also))
   none = evidence_lib.system_evidence(world, "val", path, top_text=0, top_images=0)
   assert all(not e.texts and not e.images for e in none) and len(none) == len(claims)
   image_only = evidence_lib.restrict(got, text=False)
@@ -146,6 +149,25 @@ def _rewrite(path, change):
     table = list(csv.reader(f))
   with open(path, "w", newline="", encoding="utf-8") as f:
     csv.writer(f, lineterminator="\n").writerows(change(table))
+
+
+def test_system_evidence_counts_what_the_qrels_judge_relevant(world, tmp_path):
+  # A release may cut its KB sentences differently from its evidence paragraphs: a
+  # retrieved sentence is relevant when the qrels say so, whatever its text.
+  claim = next(c for c in world.claims("val")
+               if any(rel > 0 for rel in world.text_qrels("val").get(c.claim_id, {}).values()))
+  relevant_id = next(d for d, rel in world.text_qrels("val")[claim.claim_id].items() if rel > 0)
+  sentences, kb_images = _kb(world)
+  path = tmp_path / "results.csv"
+  rows = _write_system_csv(path, world, world.claims("val"), sentences, kb_images)
+  rows = [dataclasses.replace(r, text_ids=(relevant_id, *r.text_ids[1:]),
+                              texts=("Cut another way.", *r.texts[1:]))
+          if r.claim_id == claim.claim_id else r for r in rows]
+  results_lib.write_results(path, rows)
+  got = {e.claim_id: e for e in evidence_lib.system_evidence(world, "val", path)}
+  assert "Cut another way." in got[claim.claim_id].relevant_texts
+  gold = evidence_lib.evidence_sentences(claim.evidence)
+  assert got[claim.claim_id].relevant_texts[:len(gold)] == gold  # The gold ones first.
 
 
 def test_system_evidence_bad_input(world, tmp_path):
@@ -514,8 +536,8 @@ def test_item_relevance_marks_the_items_among_the_claims_gold_sentences(store_di
   store = features.open_store(store_dir)
   train, _ = gold
   # System-like evidence: a claim's items are its first gold sentence and another claim's.
-  other = next(t for e in train for t in e.texts if t not in train[0].gold_texts)
-  mixed = [dataclasses.replace(train[0], texts=(other, train[0].gold_texts[0]))]
+  other = next(t for e in train for t in e.texts if t not in train[0].relevant_texts)
+  mixed = [dataclasses.replace(train[0], texts=(other, train[0].relevant_texts[0]))]
   batches = data_lib.VerificationBatches(mixed, store, max_claim_len=20, max_text_len=16,
                                          max_text_items=3, max_images=1, item_relevance=True)
   x = batches[0]

@@ -16,7 +16,7 @@ image_score [Ni]          float32, only with `image_score`: cosine of CLIP's emb
                           the claim and each image (0 for absent images; the store must
                           hold embeddings)
 text_relevant [Nt]        float32, only with `item_relevance`: 1 where the item is one of
-                          the claim's gold sentences (ClaimEvidence.gold_texts)
+                          the claim's evidence (ClaimEvidence.relevant_texts)
 label       int32         0 refuted, 1 supported, 2 NEI
 claim_id    int32         -1 on padding rows
 valid       bool          False on padding rows (evaluation's last batch)
@@ -175,8 +175,8 @@ class VerificationBatches:
     if self.image_score:
       ids["image_score"] = self._image_score(e.claim, images)
     if self.item_relevance:
-      gold = set(e.gold_texts)
-      ids["text_relevant"] = np.asarray([t in gold for t in texts] + [False] * (
+      relevant = set(e.relevant_texts)
+      ids["text_relevant"] = np.asarray([t in relevant for t in texts] + [False] * (
           self.max_text_items - len(texts)), np.float32)
     return {
         "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 from mocheg_jax.data import images as image_names
 from mocheg_jax.data import labels as labels_lib
 from mocheg_jax.data import text as text_lib
-from mocheg_jax.data.mocheg import MochegRelease
+from mocheg_jax.data.mocheg import TEXT_QRELS, Claim, MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.retrieval import results as results_lib
 
@@ -39,9 +39,11 @@ class ClaimEvidence:
   label: int                   # 0 refuted, 1 supported, 2 NEI
   texts: tuple[str, ...]       # text items (sentences), in order (best first for system)
   images: tuple[str, ...]      # absolute image paths, in order
-  # The claim's own (gold) evidence sentences: which text items are relevant, for the
-  # item-relevance gate's training signal (stance.StanceConfig.item_gate).
-  gold_texts: tuple[str, ...] = ()
+  # The texts that count as the claim's evidence: its gold evidence sentences and, for
+  # system evidence, the retrieved sentences its text qrels judge relevant (a release may
+  # cut its KB sentences differently from its evidence paragraphs). Which text items are
+  # relevant: the item-relevance gate's training signal (stance.StanceConfig.item_gate).
+  relevant_texts: tuple[str, ...] = ()
 
 
 def _check_label(claim_id: int, label: int, source: str) -> int:
@@ -81,7 +83,7 @@ def gold_evidence(release: MochegRelease, split: str) -> list[ClaimEvidence]:
     texts = evidence_sentences(claim.evidence)
     out.append(ClaimEvidence(claim.claim_id, claim.claim,
                              _check_label(claim.claim_id, claim.label, source),
-                             texts, images, texts))
+                             texts, images, relevant_texts=texts))
   return out
 
 
@@ -128,6 +130,8 @@ def system_evidence(release: MochegRelease, split: str, result_csv: str | os.Pat
         f"{path}: {len(missing)} of the {len(claims)} {split} claims have no row (e.g. claim "
         f"{missing[0]}); the result CSV must cover the whole split")
   kept = {c.claim_id: results[c.claim_id] for c in claims}
+  judged = (release.text_qrels(split)
+            if os.path.isfile(release.path(split, TEXT_QRELS)) else {})
   if check_text_ids:
     wanted = {i for r in kept.values() for i in r.text_ids[:top_text]}
     unknown = wanted - _kb_sentence_ids(release, wanted)
@@ -155,8 +159,17 @@ def system_evidence(release: MochegRelease, split: str, result_csv: str | os.Pat
         claim.claim_id, claim.claim,
         _check_label(claim.claim_id, claim.label, release.path(split, "Corpus2.csv")),
         tuple(t for t in (x.strip() for x in result.texts[:top_text]) if t),
-        tuple(paths), evidence_sentences(claim.evidence)))
+        tuple(paths), _relevant_texts(claim, result, judged.get(claim.claim_id, {}))))
   return out
+
+
+def _relevant_texts(claim: Claim, result: results_lib.RetrievedEvidence,
+                    judged: dict[str, int]) -> tuple[str, ...]:
+  """The claim's gold sentences, then the retrieved ones its qrels judge relevant."""
+  gold = evidence_sentences(claim.evidence)
+  retrieved = (t.strip() for i, t in zip(result.text_ids, result.texts)
+               if judged.get(i, 0) > 0)
+  return tuple(dict.fromkeys((*gold, *(t for t in retrieved if t))))
 
 
 def restrict(evidence: Sequence[ClaimEvidence], *, text: bool = True,
