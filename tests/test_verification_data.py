@@ -113,6 +113,7 @@ def test_gold_evidence_keeps_every_claim_with_its_sentences_and_proofs(world, go
     assert e.images == tuple(os.path.abspath(world.image_path(n)) for n in c.proof_images)
     assert all(os.path.isabs(p) and os.path.isfile(p) for p in e.images)
     assert e.relevant_texts == e.texts  # Gold evidence: every item is relevant.
+    assert e.relevant_images == e.images
   # The tiny world's snippets are single sentences; a paragraph of several is split.
   assert evidence_lib.evidence_sentences(
       ["It opened in 1901. Dr. Venn built it! ", "", "  ", "Was it red? No."]) == (
@@ -168,6 +169,26 @@ def test_system_evidence_counts_what_the_qrels_judge_relevant(world, tmp_path):
   assert "Cut another way." in got[claim.claim_id].relevant_texts
   gold = evidence_lib.evidence_sentences(claim.evidence)
   assert got[claim.claim_id].relevant_texts[:len(gold)] == gold  # The gold ones first.
+
+
+def test_system_evidence_marks_the_images_the_image_qrels_judge_relevant(world, tmp_path):
+  qrels = world.image_qrels("val")
+  claim = next(c for c in world.claims("val")
+               if any(rel > 0 for rel in qrels.get(c.claim_id, {}).values()))
+  relevant = next(n for n, rel in qrels[claim.claim_id].items() if rel > 0)
+  sentences, kb_images = _kb(world)
+  unjudged = next(n for n in kb_images if n not in qrels[claim.claim_id])
+  path = tmp_path / "results.csv"
+  rows = _write_system_csv(path, world, world.claims("val"), sentences, kb_images)
+  rows = [dataclasses.replace(r, images=(unjudged, relevant))
+          if r.claim_id == claim.claim_id else r for r in rows]
+  results_lib.write_results(path, rows)
+  got = {e.claim_id: e for e in evidence_lib.system_evidence(world, "val", path)}
+  mine = got[claim.claim_id]
+  assert mine.images == tuple(os.path.abspath(world.image_path(n))
+                              for n in (unjudged, relevant))
+  assert mine.relevant_images == mine.images[1:]
+  assert not any(set(e.relevant_images) - set(e.images) for e in got.values())
 
 
 def test_system_evidence_bad_input(world, tmp_path):
@@ -532,7 +553,7 @@ def test_token_match_marks_the_claim_tokens_each_item_repeats(store_dir, tokeniz
   assert (0.0, 1.0) in seen  # Items that repeat some claim words and not others.
 
 
-def test_item_relevance_marks_the_items_among_the_claims_gold_sentences(store_dir, gold):
+def test_item_relevance_marks_the_items_among_the_claims_gold_evidence(store_dir, gold):
   store = features.open_store(store_dir)
   train, _ = gold
   # System-like evidence: a claim's items are its first gold sentence and another claim's.
@@ -542,9 +563,17 @@ def test_item_relevance_marks_the_items_among_the_claims_gold_sentences(store_di
                                          max_text_items=3, max_images=1, item_relevance=True)
   x = batches[0]
   np.testing.assert_array_equal(x["text_relevant"], [0.0, 1.0, 0.0])  # Padding: 0.
-  assert x["text_relevant"].dtype == np.float32
-  assert "text_relevant" not in data_lib.VerificationBatches(
-      mixed, store, max_claim_len=20, max_text_len=16, max_text_items=3, max_images=1)[0]
+  assert x["text_relevant"].dtype == x["image_relevant"].dtype == np.float32
+  plain = data_lib.VerificationBatches(mixed, store, max_claim_len=20, max_text_len=16,
+                                       max_text_items=3, max_images=1)[0]
+  assert "text_relevant" not in plain and "image_relevant" not in plain
+  # Images: the claim's proof image judged relevant, another claim's not.
+  with_image = next(e for e in train if e.images)
+  other_image = next(p for e in train for p in e.images if p not in with_image.images)
+  shown = [dataclasses.replace(with_image, images=(other_image, with_image.images[0]))]
+  x = data_lib.VerificationBatches(shown, store, max_claim_len=20, max_text_len=16,
+                                   max_text_items=1, max_images=3, item_relevance=True)[0]
+  np.testing.assert_array_equal(x["image_relevant"], [0.0, 1.0, 0.0])
 
 
 def test_eval_batches_cover_every_claim_once_with_padding_rows(store_dir, gold):

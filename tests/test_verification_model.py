@@ -504,33 +504,46 @@ def test_item_context_is_what_an_item_says_beyond_the_claim():
     StanceConfig(**SMALL, use_text=False, item_context=True)
 
 
-def test_item_gate_scales_each_item_and_returns_its_logits():
+# Per gated modality: the model's switches, its gate layer, the batch fields it reads.
+GATES = {"text": (dict(use_image=False, text_attention="cosine", item_gate=True),
+                  "item_gate", ("text", "text_mask")),
+         "image": (dict(use_text=False, image_gate=True), "image_gate",
+                   ("image", "image_mask"))}
+
+
+@pytest.mark.parametrize("modality", sorted(GATES))
+def test_item_gate_scales_each_item_and_returns_its_logits(modality):
+  switches, layer, (items, mask) = GATES[modality]
   claims = make_claims(25)
-  plain = build(25, use_image=False, text_attention="cosine", item_pool="max")
-  model = build(26, use_image=False, text_attention="cosine", item_pool="max", item_gate=True)
-  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, item_gate its own.
-  keys = ("claim", "claim_mask", "text", "text_mask")
-  batch = {k: v for k, v in make_batch(claims, items=(3, 1), seed=8).items() if k in keys}
+  plain_switches = {k: v for k, v in switches.items() if not k.endswith("_gate")}
+  plain = build(25, item_pool="max", **plain_switches)
+  model = build(26, item_pool="max", **switches)
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, the gate its own.
+  batch = {k: v for k, v in make_batch(claims, items=(3, 3), seed=8).items()
+           if k in ("claim", "claim_mask", items, mask)}
   logits, gates = model(**batch, return_item_gates=True)
-  assert gates.shape == batch["text_mask"].shape[:2]
+  assert set(gates) == {modality}
+  gates = gates[modality]
+  assert gates.shape == batch[items].shape[:2]
   np.testing.assert_allclose(logits, run(model, batch), atol=1e-6)  # Same logits either way.
-  assert plain(**batch, return_item_gates=True)[1] is None
+  assert plain(**batch, return_item_gates=True)[1] == {}
 
   def gate_bias(value: float) -> nnx.Module:
     out = nnx.clone(model)
-    nnx.update(out.item_gate, jax.tree.map(jnp.zeros_like,
-                                           nnx.state(out.item_gate, nnx.Param)))
-    out.item_gate.bias[...] = jnp.full_like(out.item_gate.bias[...], value)
+    gate = getattr(out, layer)
+    nnx.update(gate, jax.tree.map(jnp.zeros_like, nnx.state(gate, nnx.Param)))
+    gate.bias[...] = jnp.full_like(gate.bias[...], value)
     return out
-  # A gate wide open is the plain model; a closed one leaves the text branch nothing.
+  # A gate wide open is the plain model; a closed one leaves its branch nothing.
   np.testing.assert_allclose(run(gate_bias(40.0), batch), run(plain, batch), atol=1e-5,
                              rtol=1e-5)
   closed = gate_bias(-40.0)
-  no_text = {**batch, "text_mask": jnp.zeros_like(batch["text_mask"])}
-  np.testing.assert_allclose(run(closed, batch), run(closed, no_text), atol=1e-5)
+  nothing = {**batch, mask: jnp.zeros_like(batch[mask])}
+  np.testing.assert_allclose(run(closed, batch), run(closed, nothing), atol=1e-5)
 
   # The auxiliary loss: binary cross-entropy over the present items only.
-  present = np.asarray(batch["text_mask"]).any(-1)
+  present = np.asarray(batch[mask])
+  present = present.any(-1) if present.ndim == 3 else present
   relevant = (np.random.default_rng(3).random(present.shape) < 0.5).astype(np.float32)
   got = stance.item_relevance_loss(gates, jnp.asarray(relevant), jnp.asarray(present))
   want = F.binary_cross_entropy_with_logits(_t(np.asarray(gates)[present]),
@@ -541,13 +554,23 @@ def test_item_gate_scales_each_item_and_returns_its_logits():
 
   def total(m):
     logits, g = m(**batch, return_item_gates=True)
-    return logits.sum() + stance.item_relevance_loss(g, jnp.asarray(relevant),
+    return logits.sum() + stance.item_relevance_loss(g[modality], jnp.asarray(relevant),
                                                      jnp.asarray(present))
   grads = nnx.grad(total)(model)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
-  assert np.abs(np.asarray(grads.item_gate.kernel[...])).max() > 0
-  with pytest.raises(ValueError, match="item_gate needs use_text"):
-    StanceConfig(**SMALL, use_text=False, item_gate=True)
+  assert np.abs(np.asarray(getattr(grads, layer).kernel[...])).max() > 0
+  other = "image" if items == "text" else "text"
+  with pytest.raises(ValueError, match=f"{layer} needs use_{items}"):
+    StanceConfig(**SMALL, **{**switches, f"use_{items}": False, f"use_{other}": True})
+
+
+def test_both_gates_return_their_logits_by_modality():
+  model = build(27, text_attention="cosine", item_gate=True, image_gate=True)
+  batch = make_batch(make_claims(27), items=(3, 2))
+  logits, gates = model(**batch, return_item_gates=True)
+  np.testing.assert_allclose(logits, run(model, batch), atol=1e-6)
+  assert {k: g.shape for k, g in gates.items()} == {"text": batch["text"].shape[:2],
+                                                    "image": batch["image"].shape[:2]}
 
 
 def test_zeros_mode_uses_one_classifier_with_zero_stances():

@@ -77,11 +77,11 @@ def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
                                                                 kind == "image")
 
 
-def test_token_match_max_pooling_word_queries_and_item_gate_train_and_predict(trained,
-                                                                              tmp_path):
+def test_token_match_max_pooling_word_queries_and_item_gates_train_and_predict(trained,
+                                                                               tmp_path):
   root, _ = trained
   config = _config(root / "data", root / "features", token_match=True, item_pool="max",
-                   image_query="words", item_gate=True)
+                   image_query="words", item_gate=True, image_gate=True)
   config.total_steps, config.eval_every = 4, 4
   result = loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
   assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
@@ -91,6 +91,8 @@ def test_token_match_max_pooling_word_queries_and_item_gate_train_and_predict(tr
   assert model.match_fuse is not None and model.config.image_query == "words"
   # The gate trained with its auxiliary loss (gold evidence: every item relevant).
   assert model.item_gate is not None and 0 < result.metrics["item_relevance_loss"] < 1
+  assert model.image_gate is not None and 0 < result.metrics["image_relevance_loss"] < 1
+  assert 0 <= result.metrics["image_gate_accuracy"] <= 1
   assert np.abs(np.asarray(model.word_embedding.embedding[...])).max() > 0
   verifier = trained_run.task.inference
   dev = verifier.evidence("val")

@@ -17,6 +17,8 @@ image_score [Ni]          float32, only with `image_score`: cosine of CLIP's emb
                           hold embeddings)
 text_relevant [Nt]        float32, only with `item_relevance`: 1 where the item is one of
                           the claim's evidence (ClaimEvidence.relevant_texts)
+image_relevant [Ni]       float32, only with `item_relevance`: the same for the images
+                          (ClaimEvidence.relevant_images)
 label       int32         0 refuted, 1 supported, 2 NEI
 claim_id    int32         -1 on padding rows
 valid       bool          False on padding rows (evaluation's last batch)
@@ -175,9 +177,8 @@ class VerificationBatches:
     if self.image_score:
       ids["image_score"] = self._image_score(e.claim, images)
     if self.item_relevance:
-      relevant = set(e.relevant_texts)
-      ids["text_relevant"] = np.asarray([t in relevant for t in texts] + [False] * (
-          self.max_text_items - len(texts)), np.float32)
+      ids["text_relevant"] = _among(texts, e.relevant_texts, self.max_text_items)
+      ids["image_relevant"] = _among(images, e.relevant_images, self.max_images)
     return {
         "claim": claim[0].astype(self.dtype), "claim_mask": claim_mask[0],
         "text": text, "text_mask": text_mask,
@@ -244,3 +245,11 @@ class VerificationBatches:
         padding = padding or self.padding_example()
         rows += [padding] * (batch_size - len(rows))
       yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def _among(items: Sequence[str], relevant: Sequence[str], length: int) -> np.ndarray:
+  """[length] float32: 1 where the item is one of `relevant`; 0 on padding."""
+  wanted = set(relevant)
+  out = np.zeros(length, np.float32)
+  out[:len(items)] = [item in wanted for item in items]
+  return out

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 from mocheg_jax.data import images as image_names
 from mocheg_jax.data import labels as labels_lib
 from mocheg_jax.data import text as text_lib
-from mocheg_jax.data.mocheg import TEXT_QRELS, Claim, MochegRelease
+from mocheg_jax.data.mocheg import IMAGE_QRELS, TEXT_QRELS, Claim, MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.retrieval import results as results_lib
 
@@ -44,6 +44,10 @@ class ClaimEvidence:
   # cut its KB sentences differently from its evidence paragraphs). Which text items are
   # relevant: the item-relevance gate's training signal (stance.StanceConfig.item_gate).
   relevant_texts: tuple[str, ...] = ()
+  # The images that count as the claim's evidence (paths): its proof images for gold
+  # evidence; for system evidence, the retrieved KB images its image qrels match to a proof
+  # image. The image gate's training signal (stance.StanceConfig.image_gate).
+  relevant_images: tuple[str, ...] = ()
 
 
 def _check_label(claim_id: int, label: int, source: str) -> int:
@@ -83,7 +87,7 @@ def gold_evidence(release: MochegRelease, split: str) -> list[ClaimEvidence]:
     texts = evidence_sentences(claim.evidence)
     out.append(ClaimEvidence(claim.claim_id, claim.claim,
                              _check_label(claim.claim_id, claim.label, source),
-                             texts, images, relevant_texts=texts))
+                             texts, images, relevant_texts=texts, relevant_images=images))
   return out
 
 
@@ -130,8 +134,8 @@ def system_evidence(release: MochegRelease, split: str, result_csv: str | os.Pat
         f"{path}: {len(missing)} of the {len(claims)} {split} claims have no row (e.g. claim "
         f"{missing[0]}); the result CSV must cover the whole split")
   kept = {c.claim_id: results[c.claim_id] for c in claims}
-  judged = (release.text_qrels(split)
-            if os.path.isfile(release.path(split, TEXT_QRELS)) else {})
+  judged = _qrels_if_any(release, split, TEXT_QRELS, release.text_qrels)
+  judged_images = _qrels_if_any(release, split, IMAGE_QRELS, release.image_qrels)
   if check_text_ids:
     wanted = {i for r in kept.values() for i in r.text_ids[:top_text]}
     unknown = wanted - _kb_sentence_ids(release, wanted)
@@ -145,7 +149,7 @@ def system_evidence(release: MochegRelease, split: str, result_csv: str | os.Pat
   out = []
   for claim in claims:
     result = kept[claim.claim_id]
-    paths = []
+    paths, relevant_images = [], []
     for name in result.images[:top_images]:
       where = f"{path}: claim {claim.claim_id}, column image_evidence, image {name!r}"
       try:
@@ -155,12 +159,22 @@ def system_evidence(release: MochegRelease, split: str, result_csv: str | os.Pat
       if parsed.is_proof:
         raise MochegInputError(f"{where}: a proof image, not a KB image")
       paths.append(_existing_file(os.path.abspath(release.image_path(name)), where))
+      if judged_images.get(claim.claim_id, {}).get(name, 0) > 0:
+        relevant_images.append(paths[-1])
     out.append(ClaimEvidence(
         claim.claim_id, claim.claim,
         _check_label(claim.claim_id, claim.label, release.path(split, "Corpus2.csv")),
         tuple(t for t in (x.strip() for x in result.texts[:top_text]) if t),
-        tuple(paths), _relevant_texts(claim, result, judged.get(claim.claim_id, {}))))
+        tuple(paths), _relevant_texts(claim, result, judged.get(claim.claim_id, {})),
+        tuple(relevant_images)))
   return out
+
+
+def _qrels_if_any(release: MochegRelease, split: str, name: str, read
+                  ) -> dict[int, dict[str, int]]:
+  """The split's qrels file `name` read by `read(split)`; {} when the release has none
+  (they only train the item gates)."""
+  return read(split) if os.path.isfile(release.path(split, name)) else {}
 
 
 def _relevant_texts(claim: Claim, result: results_lib.RetrievedEvidence,

@@ -52,6 +52,7 @@ class Mode(NamedTuple):
   folder: str  # Its training folder under WORKDIR/stages.
   item_context: bool = False  # config.verify.item_context (stance.py).
   item_gate: bool = False  # config.verify.item_gate (stance.py).
+  image_gate: bool = False  # config.verify.image_gate (stance.py).
 
 
 SYSTEM_TRAINED = "text+image, system-trained"
@@ -126,6 +127,7 @@ def _config(scale: str, workdir: str, seed: int, clip_dir: str, mode: Mode,
   config.verify.evidence = system_csv if mode.trained_on == "system" else verify_task.GOLD
   config.verify.item_context = mode.item_context
   config.verify.item_gate = mode.item_gate
+  config.verify.image_gate = mode.image_gate
   # One feature store per set of frozen encoders, shared by the modes: a config that changes
   # the encoders gets a store of its own instead of a fingerprint error. Named with the
   # encoders' paths inside WORKDIR written relative to it, so that a moved folder's rerun

@@ -171,6 +171,10 @@ class StanceConfig:
   # With item_pool="max" a closed gate takes an item out; with a mean it still counts in
   # the denominator.
   item_gate: bool = False
+  # The same gate on the image items (`image_gate` layer), trained against which retrieved
+  # images the image qrels match to a proof image of the claim: an NEI claim's articles
+  # come with pictures too, and without the gate the model reads them as proof.
+  image_gate: bool = False
   leaky_relu_slope: float = LEAKY_RELU_SLOPE
 
   def __post_init__(self):
@@ -191,6 +195,8 @@ class StanceConfig:
     for name in ("token_match", "item_context", "item_gate"):
       if getattr(self, name) and not self.use_text:
         raise ValueError(f"StanceConfig.{name} needs use_text")
+    if self.image_gate and not self.use_image:
+      raise ValueError("StanceConfig.image_gate needs use_image")
     if self.text_attention not in TEXT_ATTENTION_MODES:
       raise ValueError(f"unknown text_attention {self.text_attention!r}; expected one of "
                        f"{TEXT_ATTENTION_MODES}")
@@ -288,6 +294,8 @@ class StanceDetector(nnx.Module):
                          if config.item_context else None)
     self.item_gate = (layers.Dense(config.hidden, 1, ("mlp", None), **kw)
                       if config.item_gate else None)
+    self.image_gate = (layers.Dense(config.hidden, 1, ("mlp", None), **kw)
+                       if config.image_gate else None)
     self.classifier = layers.Dense(config.num_modalities * config.hidden, config.num_classes,
                                    ("mlp", "classes"), **kw)
     self.classifier_single = (
@@ -362,7 +370,7 @@ class StanceDetector(nnx.Module):
     token-match bits (text only, with config.token_match); `score` [B, N]: the claim-item
     CLIP cosines (images only, with config.image_score); `context`: add the items' context
     (`_context`; text only, with config.item_context); `gate`: scale each item by
-    sigmoid(gate(item)) before pooling (text only, with config.item_gate).
+    sigmoid(gate(item)) before pooling (config.item_gate, config.image_gate).
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
@@ -412,8 +420,9 @@ class StanceDetector(nnx.Module):
                text_match: jax.Array | None = None, claim_ids: jax.Array | None = None,
                image_score: jax.Array | None = None, *,
                deterministic: bool = True, return_item_gates: bool = False):
-    """Logits [B, num_classes] (float32); with `return_item_gates`, (logits, the text item
-    gate's logits [B, Nt], or None without config.item_gate).
+    """Logits [B, num_classes] (float32); with `return_item_gates`, (logits, gates): the
+    item gates' logits by modality, "text" [B, Nt] with config.item_gate and "image"
+    [B, Ni] with config.image_gate (an empty dict without either).
 
     Args:
       claim: [B, Lc, text_dim] claim token states; claim_mask: [B, Lc] (bool or 0/1).
@@ -427,7 +436,7 @@ class StanceDetector(nnx.Module):
       image_score: [B, Ni] float, the cosine of CLIP's claim and image embeddings. Needed
         iff config.image_score.
       deterministic: False turns dropout on (needs a "dropout" rng stream).
-      return_item_gates: also return the item gate's logits (an auxiliary loss reads them).
+      return_item_gates: also return the item gates' logits (an auxiliary loss reads them).
     """
     cfg = self.config
     # Every shape is checked before any compute, so a bad batch fails fast and clearly.
@@ -456,13 +465,13 @@ class StanceDetector(nnx.Module):
         raise ValueError("image_score=True needs image_score")
       _check("image_score", image_score, 2, lead=image.shape[:2])
     claim_mask = claim_mask.astype(bool)
-    stances, presents, gates = [], [], None
+    stances, presents, gates = [], [], {}
     if cfg.use_text:
       text_mask = text_mask.astype(bool)
-      s, p, gates = self._stance(self.text_attention, claim, claim_mask, text, text_mask,
-                                 text_mask.any(-1), deterministic,
-                                 match=text_match if cfg.token_match else None,
-                                 context=cfg.item_context, gate=self.item_gate)
+      s, p, gates["text"] = self._stance(
+          self.text_attention, claim, claim_mask, text, text_mask, text_mask.any(-1),
+          deterministic, match=text_match if cfg.token_match else None,
+          context=cfg.item_context, gate=self.item_gate)
       stances.append(s)
       presents.append(p)
     if cfg.use_image:
@@ -474,9 +483,10 @@ class StanceDetector(nnx.Module):
       query = claim
       if self.word_embedding is not None:
         query = self.word_embedding(jnp.maximum(claim_ids, 0) % cfg.word_buckets)
-      s, p, _ = self._stance(self.image_attention, query, claim_mask, image, keys, present,
-                             deterministic, read=self.image_read,
-                             score=image_score if cfg.image_score else None)
+      s, p, gates["image"] = self._stance(
+          self.image_attention, query, claim_mask, image, keys, present, deterministic,
+          read=self.image_read, score=image_score if cfg.image_score else None,
+          gate=self.image_gate)
       stances.append(s)
       presents.append(p)
 
@@ -490,7 +500,9 @@ class StanceDetector(nnx.Module):
                         jnp.where(p_text[:, None], s_text, s_image))
       logits = jnp.where((p_text & p_image)[:, None], logits, single)
     logits = layers.constrain(logits, ("batch", "classes"))  # [B, C]
-    return (logits, gates) if return_item_gates else logits
+    if not return_item_gates:
+      return logits
+    return logits, {k: g for k, g in gates.items() if g is not None}
 
 
 def score_features(score: jax.Array, thresholds: Sequence[float] = ()) -> jax.Array:

@@ -93,6 +93,10 @@ def verify_config() -> ml_collections.ConfigDict:
   # evidence; on gold evidence every item is relevant.
   v.item_gate = False
   v.item_gate_weight = 1.0
+  # The same gate on the image items, trained against which retrieved images the image
+  # qrels match to one of the claim's proof images (stance.StanceConfig.image_gate), with
+  # the same weight.
+  v.image_gate = False
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -259,11 +263,22 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              score_thresholds=(tuple(float(t) for t in v.score_thresholds)
                                                if image_score else ()),
                              item_context=bool(v.use_text and v.item_context),
-                             item_gate=_item_gate(v))
+                             item_gate=_item_gate(v), image_gate=_image_gate(v))
 
 
 def _item_gate(v: ml_collections.ConfigDict) -> bool:
   return bool(v.use_text and v.item_gate)
+
+
+def _image_gate(v: ml_collections.ConfigDict) -> bool:
+  return bool(v.use_image and v.image_gate)
+
+
+def _gated(v: ml_collections.ConfigDict) -> dict[str, tuple[str, str]]:
+  """The gated modalities: name -> (the batch field of its items' mask, of their
+  relevance)."""
+  return {**({"text": ("text_mask", "text_relevant")} if _item_gate(v) else {}),
+          **({"image": ("image_mask", "image_relevant")} if _image_gate(v) else {})}
 
 
 def build_model(v: ml_collections.ConfigDict, manifest: features.StoreManifest, seed: int,
@@ -307,14 +322,14 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
   if image_score:
     axes.update(image_score=("batch", None))
-  if _item_gate(v):
-    axes.update(text_relevant=("batch", None))
+  for _, relevant in _gated(v).values():
+    axes[relevant] = ("batch", None)
   return axes
 
 
 def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True, **gates):
   """Logits [B, 3] from a batch of `VerificationBatches` fields (`return_item_gates=True`:
-  also the item gate's logits, stance.StanceDetector)."""
+  also the item gates' logits by modality, stance.StanceDetector)."""
   return model(batch["claim"], batch["claim_mask"], text=batch.get("text"),
                text_mask=batch.get("text_mask"), image=batch.get("image"),
                image_mask=batch.get("image_mask"), text_match=batch.get("text_match"),
@@ -383,7 +398,7 @@ class Verifier:
                                max_text_len=v.max_text_len, max_text_items=v.max_text_items,
                                max_images=v.max_images, token_match=token_match,
                                claim_ids=word_queries, image_score=image_score,
-                               item_relevance=_item_gate(v))
+                               item_relevance=bool(_gated(v)))
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
     return split_evidence(self.release, split, source, self.config.verify)
@@ -438,8 +453,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
   features_dir = v.features_dir or os.path.join(workdir, "features")
   if v.tune_vision_layers and not v.use_image:
     raise MochegInputError("config.verify.tune_vision_layers needs use_image=True")
-  if v.tune_vision_layers and _item_gate(v):
-    raise MochegInputError("config.verify.item_gate does not combine with tune_vision_layers")
+  if v.tune_vision_layers and _gated(v):
+    raise MochegInputError("config.verify.item_gate and image_gate do not combine with "
+                           "tune_vision_layers")
   clip_loader = functools.cache(lambda: load_clip(v, data.wordpiece, seed, moved))
   verifier = Verifier(config, data.release, features_dir, clip_loader,
                       clip_fingerprint(v, data.wordpiece, seed), moved)
@@ -464,21 +480,27 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
   def model() -> nnx.Module:
     return build_model(v, manifest, seed, param_dtype, vision)
 
+  gated = _gated(v)
+
   def loss(model: nnx.Module, batch: dict[str, Any]):
-    gated = _item_gate(v)
     if gated:
       logits, gates = forward(model, batch, deterministic=False, return_item_gates=True)
-    else:
+    else:  # The claim-only and tuned-vision models have no gates.
       logits = forward(model, batch, deterministic=False)
     value = stance.weighted_cross_entropy(logits, batch["label"], weights, batch["valid"])
     metrics = {"batch_accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
-    if gated:
-      present = batch["text_mask"].any(-1) & batch["valid"][:, None]
-      relevance = stance.item_relevance_loss(gates, batch["text_relevant"], present)
+    for name, (mask, relevant) in gated.items():
+      present = batch[mask]
+      if present.ndim == 3:  # Text items: present iff any of their tokens is.
+        present = present.any(-1)
+      present = present & batch["valid"][:, None]
+      relevance = stance.item_relevance_loss(gates[name], batch[relevant], present)
       value = value + v.item_gate_weight * relevance
-      metrics.update(item_relevance_loss=relevance, item_gate_accuracy=(
-          jnp.where(present, (gates > 0) == (batch["text_relevant"] > 0.5), False).sum()
-          / jnp.maximum(present.sum(), 1)))
+      prefix = "item" if name == "text" else name  # item_*: the text gate's first names.
+      metrics[f"{prefix}_relevance_loss"] = relevance
+      metrics[f"{prefix}_gate_accuracy"] = (
+          jnp.where(present, (gates[name] > 0) == (batch[relevant] > 0.5), False).sum()
+          / jnp.maximum(present.sum(), 1))
     return value, metrics
 
   def train_data(local_batch: int):
