@@ -143,7 +143,7 @@ def small_cross_encoder():
   return bert.CrossEncoder(config, rngs=nnx.Rngs(0)), tokenizer
 
 
-def test_score_pairs_equals_one_padded_forward(small_cross_encoder):
+def test_score_pairs_equals_one_padded_forward(small_cross_encoder, capsys):
   model, tokenizer = small_cross_encoder
   rng = np.random.default_rng(0)
   words = "river bridge town salt copper harbour mill king queen blue red photo".split()
@@ -158,6 +158,11 @@ def test_score_pairs_equals_one_padded_forward(small_cross_encoder):
   want = model(jnp.asarray(enc["input_ids"]), jnp.asarray(enc["attention_mask"]),
                jnp.asarray(enc["token_type_ids"]))
   np.testing.assert_allclose(got, np.asarray(want), atol=1e-5)
+  assert capsys.readouterr().err == ""
+  again = rr.score_pairs(model, tokenizer, queries, texts, max_len=16, batch_size=4,
+                         chunk_batches=2, progress=True)
+  np.testing.assert_array_equal(again, got)
+  assert "reranking: 21/21 (100%)" in capsys.readouterr().err
   with pytest.raises(ValueError, match="max_len"):
     rr.score_pairs(model, tokenizer, queries, texts, max_len=65)
 

@@ -67,6 +67,7 @@ from mocheg_jax.retrieval import mining
 from mocheg_jax.retrieval import text_task
 from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.task import Evaluator, Task
+from mocheg_jax.utils.progress import Progress
 
 TRAIN_SPLIT, DEV_SPLIT = "train", "val"
 MINED_VERSION = 1
@@ -460,12 +461,13 @@ def _forward(graphdef: nnx.GraphDef):
 
 def score_pairs(model: bert.CrossEncoder, tokenizer, queries: Sequence[str],
                 texts: Sequence[str], *, max_len: int = 256, batch_size: int = 128,
-                chunk_batches: int = 16) -> np.ndarray:
+                chunk_batches: int = 16, progress: bool = False) -> np.ndarray:
   """Relevance logits [N] (float32) of (queries[i], texts[i]), in input order.
 
   Pairs are tokenised a chunk at a time, sorted by length and padded to bucketed shapes
   (a few compiled programs whatever the data); a chunk's batches are all dispatched before
-  the previous chunk's results are read, so tokenising overlaps computing.
+  the previous chunk's results are read, so tokenising overlaps computing. `progress`:
+  print the pairs scored, with rate and ETA, to stderr.
   """
   if len(queries) != len(texts):
     raise ValueError(f"{len(queries)} queries but {len(texts)} texts")
@@ -479,6 +481,7 @@ def score_pairs(model: bert.CrossEncoder, tokenizer, queries: Sequence[str],
   pad = tokenizer.pad_token_id or 0
   out = np.zeros(len(queries), np.float32)
   chunk, pending = batch_size * chunk_batches, []
+  bar = Progress("reranking", total=len(queries), unit="pairs", enabled=progress)
   for start in range(0, len(queries) + chunk, chunk):
     dispatched = []
     if start < len(queries):
@@ -499,19 +502,23 @@ def score_pairs(model: bert.CrossEncoder, tokenizer, queries: Sequence[str],
         dispatched.append((rows + start, forward(state, batch, mask, kinds)))
     for rows, result in pending:
       out[rows] = distributed.to_host(result)[:len(rows)]
+      bar.update(len(rows))
     pending = dispatched
+  bar.close()
   return out
 
 
 def rerank(model: bert.CrossEncoder, tokenizer, claims: Sequence[str],
            candidates: Sequence[Sequence[tuple[str, str]]], *, top_k: int | None = None,
-           max_len: int = 256, batch_size: int = 128) -> list[Ranked]:
+           max_len: int = 256, batch_size: int = 128, progress: bool = False
+           ) -> list[Ranked]:
   """Reorders each claim's candidates by the cross-encoder's logit.
 
   Args:
     claims: the query texts.
     candidates: per claim, (document id, document text) pairs (e.g. a bi-encoder's top-1000).
     top_k: keep this many per claim (None: all).
+    progress: print the pairs scored, with rate and ETA (score_pairs).
 
   Returns:
     Per claim, [(document id, logit)] best first; equal logits keep the input order.
@@ -521,7 +528,7 @@ def rerank(model: bert.CrossEncoder, tokenizer, claims: Sequence[str],
   queries = [claim for claim, cands in zip(claims, candidates) for _ in cands]
   texts = [text for cands in candidates for _, text in cands]
   scores = score_pairs(model, tokenizer, queries, texts, max_len=max_len,
-                       batch_size=batch_size)
+                       batch_size=batch_size, progress=progress)
   out, start = [], 0
   for cands in candidates:
     part = scores[start:start + len(cands)]
@@ -540,9 +547,10 @@ class Reranker:
   step: int
 
   def __call__(self, claims: Sequence[str], candidates: Sequence[Sequence[tuple[str, str]]],
-               top_k: int | None = None, batch_size: int = 128) -> list[Ranked]:
+               top_k: int | None = None, batch_size: int = 128, progress: bool = False
+               ) -> list[Ranked]:
     return rerank(self.model, self.tokenizer, claims, candidates, top_k=top_k,
-                  max_len=self.max_len, batch_size=batch_size)
+                  max_len=self.max_len, batch_size=batch_size, progress=progress)
 
   def rerank_run(self, claims: Sequence[str], run: Mapping[str, Ranked],
                  texts: Mapping[str, str], top_k: int | None = None) -> dict[str, Ranked]:

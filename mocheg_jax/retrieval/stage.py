@@ -137,7 +137,7 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
   score(BI_ENCODER, {"text": text_run}, {"text": encode_text})
 
   text_index = system.open_index(text, os.path.join(workdir, "index", "text"))
-  reranker = system.load_reranker(rerank_dir, "text", release_dir)
+  reranker = system.load_reranker(rerank_dir, "text", release_dir, progress=True)
   reranked = system.search_claims(text, text_index, release_dir, SPLIT, TOP_K,
                                   rerank=reranker, candidates=RERANK_CANDIDATES)
   system.write_outputs(reranked, "text", run_path=os.path.join(runs_dir, "text.run"),

@@ -181,10 +181,10 @@ def _grounded(run: Run, queries: dict[str, np.ndarray], index: index_lib.Embeddi
           for claim, query in queries.items()}
 
 
-def load_reranker(workdir: str, kind: str, release_dir: str, moved: paths.Moved = None
-                  ) -> Callable[[list[str], Run], Run]:
+def load_reranker(workdir: str, kind: str, release_dir: str, moved: paths.Moved = None,
+                  progress: bool = False) -> Callable[[list[str], Run], Run]:
   """`rerank(claims, run) -> run` with the cross-encoder trained in `workdir` (`moved`: see
-  restore.load_trained)."""
+  restore.load_trained; `progress`: print the pairs scored, with rate and ETA)."""
   if kind != "text":
     raise MochegInputError(f"a reranker reorders text evidence, but the index holds {kind}s")
   from mocheg_jax.retrieval import rerank as rerank_lib  # Only when reranking.
@@ -194,7 +194,7 @@ def load_reranker(workdir: str, kind: str, release_dir: str, moved: paths.Moved 
   def rerank(claims: list[str], run: Run) -> Run:
     keys = list(run)
     candidates = [[(doc, texts[doc]) for doc, _ in run[key]] for key in keys]
-    return dict(zip(keys, reranker(claims, candidates)))
+    return dict(zip(keys, reranker(claims, candidates, progress=progress)))
 
   return rerank
 
