@@ -196,13 +196,7 @@ def load_world(release_dir: str, max_corpus: int, seed: int) -> World:
 def mining_method(retriever: str) -> str:
   if retriever == "random":
     return "random"
-  if retriever:
-    return "bi-encoder"
-  try:
-    from mocheg_jax.retrieval import bm25  # noqa: F401  (written in parallel; may be absent)
-  except ImportError:
-    return "random"
-  return "bm25"
+  return "bi-encoder" if retriever else "bm25"
 
 
 def _first_stage(r: ml_collections.ConfigDict, world: World, queries: dict[str, str], k: int,
