@@ -521,12 +521,14 @@ def test_item_gate_scales_each_item_and_returns_its_logits(modality):
   nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, the gate its own.
   batch = {k: v for k, v in make_batch(claims, items=(3, 3), seed=8).items()
            if k in ("claim", "claim_mask", items, mask)}
-  logits, gates = model(**batch, return_item_gates=True)
+  # Jitted: the image branch run op by op takes half a minute on a busy 2-core machine.
+  with_gates = nnx.jit(lambda m, b: m(**b, return_item_gates=True))
+  logits, gates = with_gates(model, batch)
   assert set(gates) == {modality}
   gates = gates[modality]
   assert gates.shape == batch[items].shape[:2]
   np.testing.assert_allclose(logits, run(model, batch), atol=1e-6)  # Same logits either way.
-  assert plain(**batch, return_item_gates=True)[1] == {}
+  assert with_gates(plain, batch)[1] == {}
 
   def gate_bias(value: float) -> nnx.Module:
     out = nnx.clone(model)
@@ -556,7 +558,7 @@ def test_item_gate_scales_each_item_and_returns_its_logits(modality):
     logits, g = m(**batch, return_item_gates=True)
     return logits.sum() + stance.item_relevance_loss(g[modality], jnp.asarray(relevant),
                                                      jnp.asarray(present))
-  grads = nnx.grad(total)(model)
+  grads = nnx.jit(nnx.grad(total))(model)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
   assert np.abs(np.asarray(getattr(grads, layer).kernel[...])).max() > 0
   other = "image" if items == "text" else "text"
