@@ -95,7 +95,8 @@ def verify_config() -> ml_collections.ConfigDict:
   v.item_gate_weight = 1.0
   # The same gate on the image items, trained against which retrieved images the image
   # qrels match to one of the claim's proof images (stance.StanceConfig.image_gate), with
-  # the same weight.
+  # the same weight; measured worse than the text gate alone on the small world (README,
+  # Table 4 notes).
   v.image_gate = False
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
