@@ -471,6 +471,14 @@ def test_examples_have_fixed_shapes_masks_and_cut_counts(store_dir, gold):
   missing = [evidence_lib.ClaimEvidence(1, train[0].claim, 0, ("never encoded",), ())]
   with pytest.raises(MochegInputError, match="1 texts of the evidence are not in the feature"):
     data_lib.VerificationBatches(missing, store)
+  # A claim twice with other evidence is two examples (verify.train_also_gold); twice with
+  # the same is an error.
+  with_text = next(e for e in train if len(e.texts) > 1)
+  other = dataclasses.replace(with_text, texts=with_text.texts[:1], images=())
+  assert len(data_lib.VerificationBatches([with_text, other], store)) == 2
+  with pytest.raises(MochegInputError, match=rf"claim {with_text.claim_id} occurs twice with "
+                     "the same evidence"):
+    data_lib.VerificationBatches([with_text, other, with_text], store)
 
 
 def test_a_store_of_an_older_format_or_without_token_ids_is_refused(store_dir, tmp_path):

@@ -4,6 +4,7 @@ evidence."""
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import pathlib
@@ -21,7 +22,9 @@ from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.train.writer import read_metrics
 from mocheg_jax.utils.configs import load_config
+from mocheg_jax.verification import evidence as evidence_lib
 from mocheg_jax.verification import stance
+from mocheg_jax.verification import task as verify_task
 from tests.processes import run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -115,6 +118,57 @@ def test_image_score_builds_a_store_with_embeddings_and_trains(trained, tmp_path
   dev = verifier.evidence("val")
   assert verifier.store(dev).manifest.embed_dim > 0
   assert verifier.predict(trained_run.model, dev).shape == (len(dev), 3)
+
+
+def _system_results(release: MochegRelease, path: pathlib.Path, splits: tuple[str, ...]
+                    ) -> pathlib.Path:
+  """A result CSV for the claims of `splits`: each claim gets KB sentences and images that
+  are not its own (3 and 2, cycling through the KB's first 50 sentences)."""
+  sentences = [s for _, s in zip(range(50), release.iter_sentences())]
+  images = release.kb_images()
+  claims = [c for split in splits for c in release.claims(split)]
+  rows = [results_lib.RetrievedEvidence(
+      c.claim_id, text_ids=tuple(s.corpus_id for s in sentences[i % 47:i % 47 + 3]),
+      texts=tuple(s.text for s in sentences[i % 47:i % 47 + 3]), text_scores=(3.0, 2.0, 1.0),
+      images=tuple(images[i % (len(images) - 1):i % (len(images) - 1) + 2]),
+      image_scores=(2.0, 1.0)) for i, c in enumerate(claims)]
+  results_lib.write_results(path, rows)
+  return path
+
+
+def test_trained_on_system_evidence_also_with_the_gold(trained, tmp_path):
+  """verify.train_also_gold: each train claim comes with its system and its gold evidence;
+  the dev claims (model selection) keep the system evidence."""
+  root, _ = trained
+  release = MochegRelease(root / "data" / "release")
+  result_csv = _system_results(release, tmp_path / "results.csv", ("train", "val"))
+  config = _config(root / "data", tmp_path / "features", evidence=str(result_csv),
+                   item_gate=True, train_also_gold=True)
+  config.total_steps, config.eval_every = 4, 4
+  task = verify_task.make_task(config, str(tmp_path / "run"))
+  train_claims = release.claims("train")
+  batch = 16
+  epoch = [b for _, b in zip(range(2 * len(train_claims) // batch), task.train_data(batch))]
+  ids = np.concatenate([b["claim_id"] for b in epoch])
+  counts = collections.Counter(ids.tolist())
+  assert set(counts) <= {c.claim_id for c in train_claims}
+  assert max(counts.values()) == 2  # Within one epoch: at most twice, some twice.
+  # A claim's two examples differ: the gold one's items are all relevant to the gate.
+  has_gold_text = {c.claim_id for c in train_claims if evidence_lib.evidence_sentences(
+      c.evidence)}
+  twice = next(i for i, n in counts.items() if n == 2 and i in has_gold_text)
+  rows = [(b, j) for b in epoch for j in np.nonzero(b["claim_id"] == twice)[0]]
+  relevant = sorted(float(b["text_relevant"][j][b["text_mask"][j].any(-1)].mean())
+                    for b, j in rows)
+  assert relevant == [0.0, 1.0]  # Its system sentences are other claims'.
+  result = loop.train(config, str(tmp_path / "run"), devices=jax.devices()[:1],
+                      log=lambda _: None)
+  assert result.status == "finished" and 0 < result.metrics["item_relevance_loss"] < 1
+
+  gold_config = _config(root / "data", tmp_path / "features", train_also_gold=True)
+  with pytest.raises(MochegInputError, match="train_also_gold adds the gold evidence to "
+                     "system evidence"):
+    verify_task.make_task(gold_config, str(tmp_path / "gold_run"))
 
 
 def _script(*args: str) -> subprocess.CompletedProcess:

@@ -111,14 +111,18 @@ class VerificationBatches:
     self.cut = self._count_cuts()
 
   def _check(self, claims: list[ClaimEvidence]) -> None:
-    seen: set[int] = set()
+    # A claim may come twice with different evidence (trained on both its system and its
+    # gold evidence: verify.train_also_gold), not twice with the same.
+    seen: set[tuple] = set()
     missing_texts, missing_images = [], []
     for e in claims:
       if not -2**31 <= e.claim_id < 2**31 - 1:
         raise MochegInputError(f"claim id {e.claim_id} does not fit in int32")
-      if e.claim_id in seen:
-        raise MochegInputError(f"claim {e.claim_id} occurs twice in the evidence list")
-      seen.add(e.claim_id)
+      key = (e.claim_id, e.texts, e.images)
+      if key in seen:
+        raise MochegInputError(f"claim {e.claim_id} occurs twice with the same evidence in "
+                               "the evidence list")
+      seen.add(key)
       if isinstance(e.label, bool) or not isinstance(e.label, (int, np.integer)) or not (
           0 <= e.label < NUM_CLASSES):
         raise MochegInputError(f"claim {e.claim_id}: label {e.label!r} is not in "

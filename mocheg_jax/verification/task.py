@@ -98,6 +98,11 @@ def verify_config() -> ml_collections.ConfigDict:
   # the same weight; measured worse than the text gate alone on the small world (README,
   # Table 4 notes).
   v.image_gate = False
+  # Beyond the paper: trained on system evidence (`evidence` a result CSV), each train claim
+  # also comes with its gold evidence, as a second example of the epoch (every gold item
+  # relevant for the gates). The verifier then reads gold evidence as well as a gold-trained
+  # one; model selection stays on the dev claims' `evidence`.
+  v.train_also_gold = False
   # "attention" (the reference), "pairs" or "match" (stance.StanceConfig.image_read).
   v.image_read = "attention"
   v.pair_dim = 64
@@ -461,6 +466,11 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
   verifier = Verifier(config, data.release, features_dir, clip_loader,
                       clip_fingerprint(v, data.wordpiece, seed), moved)
   train = verifier.evidence("train", v.evidence)
+  if v.train_also_gold:
+    if v.evidence == GOLD:
+      raise MochegInputError("config.verify.train_also_gold adds the gold evidence to "
+                             "system evidence; set verify.evidence to a result CSV")
+    train += verifier.evidence("train", GOLD)
   dev = verifier.evidence(DEV_SPLIT, v.evidence)
   store = verifier.store(train, dev)  # One build for both, before training starts.
   counts = np.bincount([c.label for c in train], minlength=len(LABEL_NAMES))
