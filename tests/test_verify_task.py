@@ -120,20 +120,18 @@ def test_image_score_builds_a_store_with_embeddings_and_trains(trained, tmp_path
   assert verifier.predict(trained_run.model, dev).shape == (len(dev), 3)
 
 
-def _system_results(release: MochegRelease, path: pathlib.Path, splits: tuple[str, ...]
-                    ) -> pathlib.Path:
-  """A result CSV for the claims of `splits`: each claim gets KB sentences and images that
-  are not its own (3 and 2, cycling through the KB's first 50 sentences)."""
+def _system_rows(release: MochegRelease, splits: tuple[str, ...]
+                 ) -> list[results_lib.RetrievedEvidence]:
+  """Result-CSV rows for the claims of `splits`: each claim gets KB sentences and images
+  that are not its own (3 and 2, cycling through the KB's first 50 sentences)."""
   sentences = [s for _, s in zip(range(50), release.iter_sentences())]
   images = release.kb_images()
   claims = [c for split in splits for c in release.claims(split)]
-  rows = [results_lib.RetrievedEvidence(
+  return [results_lib.RetrievedEvidence(
       c.claim_id, text_ids=tuple(s.corpus_id for s in sentences[i % 47:i % 47 + 3]),
       texts=tuple(s.text for s in sentences[i % 47:i % 47 + 3]), text_scores=(3.0, 2.0, 1.0),
       images=tuple(images[i % (len(images) - 1):i % (len(images) - 1) + 2]),
       image_scores=(2.0, 1.0)) for i, c in enumerate(claims)]
-  results_lib.write_results(path, rows)
-  return path
 
 
 def test_trained_on_system_evidence_also_with_the_gold(trained, tmp_path):
@@ -141,7 +139,8 @@ def test_trained_on_system_evidence_also_with_the_gold(trained, tmp_path):
   the dev claims (model selection) keep the system evidence."""
   root, _ = trained
   release = MochegRelease(root / "data" / "release")
-  result_csv = _system_results(release, tmp_path / "results.csv", ("train", "val"))
+  result_csv = tmp_path / "results.csv"
+  results_lib.write_results(result_csv, _system_rows(release, ("train", "val")))
   config = _config(root / "data", tmp_path / "features", evidence=str(result_csv),
                    item_gate=True, train_also_gold=True)
   config.total_steps, config.eval_every = 4, 4
@@ -197,14 +196,8 @@ def test_verify_script_with_gold_and_system_evidence(trained, tmp_path):
     assert abs(p.sum() - 1) < 1e-4
     assert row["label"] == ("refuted", "supported", "NEI")[int(p.argmax())]
 
-  # System evidence: a result CSV holding other claims' gold images and KB sentences.
-  sentences = [s for _, s in zip(range(50), release.iter_sentences())]
-  images = release.kb_images()
-  rows_in = [results_lib.RetrievedEvidence(
-      c.claim_id, text_ids=tuple(s.corpus_id for s in sentences[i:i + 3]),
-      texts=tuple(s.text for s in sentences[i:i + 3]), text_scores=(3.0, 2.0, 1.0),
-      images=tuple(images[i:i + 2]), image_scores=(2.0, 1.0))
-      for i, c in enumerate(test_claims)]
+  # System evidence: a result CSV holding other claims' KB sentences and images.
+  rows_in = _system_rows(release, ("test",))
   result_csv = tmp_path / "results.csv"
   results_lib.write_results(result_csv, rows_in)
   system_out = tmp_path / "system.csv"
