@@ -459,6 +459,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
   features_dir = v.features_dir or os.path.join(workdir, "features")
   if v.tune_vision_layers and not v.use_image:
     raise MochegInputError("config.verify.tune_vision_layers needs use_image=True")
+  if v.train_also_gold and v.evidence == GOLD:
+    raise MochegInputError("config.verify.train_also_gold adds the gold evidence to system "
+                           "evidence; set verify.evidence to a result CSV")
   if v.tune_vision_layers and _gated(v):
     raise MochegInputError("config.verify.item_gate and image_gate do not combine with "
                            "tune_vision_layers")
@@ -467,9 +470,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str, moved: paths.Move
                       clip_fingerprint(v, data.wordpiece, seed), moved)
   train = verifier.evidence("train", v.evidence)
   if v.train_also_gold:
-    if v.evidence == GOLD:
-      raise MochegInputError("config.verify.train_also_gold adds the gold evidence to "
-                             "system evidence; set verify.evidence to a result CSV")
     train += verifier.evidence("train", GOLD)
   dev = verifier.evidence(DEV_SPLIT, v.evidence)
   store = verifier.store(train, dev)  # One build for both, before training starts.
