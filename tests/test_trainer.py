@@ -26,6 +26,7 @@ from flax import traverse_util
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.train import loop
 from mocheg_jax.train import restore
+from mocheg_jax.train import state as state_lib
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.writer import read_metrics
 from tests import toy_task
@@ -53,6 +54,15 @@ def losses(workdir):
 def final_params(workdir):
   with Checkpointer(os.path.join(workdir, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
     return ckpt.restore_params(ckpt.latest_step())
+
+
+def assert_same_arrays(tree, expected):
+  """Equal nested dicts of arrays, keys compared as text (orbax gives list indices so)."""
+  flat = lambda t: {tuple(map(str, p)): v for p, v in traverse_util.flatten_dict(t).items()}
+  tree, expected = flat(tree), flat(expected)
+  assert tree.keys() == expected.keys()
+  for path, value in expected.items():
+    np.testing.assert_array_equal(tree[path], value, err_msg=str(path))
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +115,8 @@ def test_load_trained_gives_the_checkpointed_weights(one_device_run):
   workdir, _ = one_device_run
   trained = restore.load_trained(workdir, "latest")
   assert trained.step == 20
-  flat = lambda tree: {tuple(map(str, path)): value
-                       for path, value in traverse_util.flatten_dict(tree).items()}
-  ours = flat(nnx.to_pure_dict(nnx.state(trained.model, nnx.Param)))
-  saved = flat(final_params(workdir)["params"])
-  assert ours.keys() == saved.keys()
-  for path, value in saved.items():
-    np.testing.assert_array_equal(ours[path], value, err_msg=str(path))
+  assert_same_arrays(nnx.to_pure_dict(nnx.state(trained.model, nnx.Param)),
+                     final_params(workdir)["params"])
 
 
 def test_opening_checkpoints_read_only_warns_of_nothing(one_device_run, caplog):
@@ -491,3 +496,38 @@ def test_log_window_without_a_static_count_says_why():
   assert "not counted" in message and "while loop" in message
   window.add({"loss": jnp.float32(1.0)})
   assert "model_tflops_per_s" not in window.flush()
+
+
+def test_moving_average_is_evaluated_checkpointed_resumed_and_loaded(tmp_path, monkeypatch):
+  """config.ema_decay: the dev evaluation reads the averaged parameters, the checkpoint
+  holds them beside the parameters, a resumed run continues the same average, and
+  load_trained gives the averaged model."""
+  evaluated = []  # The trainable parameters each evaluation's model was built from.
+  merge = state_lib.ModelSpec.merge
+
+  def spy(self, params, frozen, others, rng):
+    if rng is None:  # The loop's evaluation (training steps reseed the streams).
+      evaluated.append(jax.tree.map(np.asarray, params))
+    return merge(self, params, frozen, others, rng)
+
+  monkeypatch.setattr(state_lib.ModelSpec, "merge", spy)
+  overrides = {"mesh.data": 1, "ema_decay": 0.8, "optimizer.schedule": "constant",
+               "eval_every": 10, "checkpoint_every": 10}
+  whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
+  loop.train(toy_config(**overrides), whole, devices=jax.devices()[:1], log=lambda _: None)
+  loop.train(toy_config(**overrides, total_steps=10), resumed, devices=jax.devices()[:1],
+             log=lambda _: None)
+  loop.train(toy_config(**overrides), resumed, devices=jax.devices()[:1], log=lambda _: None)
+  with Checkpointer(os.path.join(whole, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    average, last = ckpt.restore_params(20, "ema"), ckpt.restore_params(20)
+  with Checkpointer(os.path.join(resumed, loop.CHECKPOINT_DIR), read_only=True) as ckpt:
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 ckpt.restore_params(20, "ema"), average)
+  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(average["params"]),
+                                                   jax.tree.leaves(last["params"])))
+  assert_same_arrays(evaluated[1], average["params"])  # The evaluation at step 20.
+  trained = restore.load_trained(whole, "latest")
+  assert_same_arrays(nnx.to_pure_dict(nnx.state(trained.model, nnx.Param)),
+                     average["params"])
+  with pytest.raises(ValueError, match="config.ema_decay must be a number in"):
+    loop.train(toy_config(ema_decay=1.0), str(tmp_path / "bad"), log=lambda _: None)

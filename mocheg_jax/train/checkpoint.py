@@ -179,15 +179,19 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     return restored[STATE]
 
-  def restore_params(self, step: int) -> dict:
-    """Only the parameters (trainable and frozen), as host arrays: for inference."""
+  def restore_params(self, step: int, trainable: str = "params") -> dict:
+    """Only the parameters, as host arrays, for inference: {"params": the trainable ones
+    (the state's `trainable` entry: "params", or "ema" for their moving average),
+    "frozen": the frozen ones}."""
     metadata = self._manager.item_metadata(step)[STATE].tree
-    wanted = {k: metadata[k] for k in ("params", "frozen")}
+    if trainable not in metadata:
+      raise ValueError(f"{self.directory}/{step}: the saved state has no {trainable!r}")
+    wanted = {k: metadata[k] for k in (trainable, "frozen")}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
     restored = self._manager.restore(step, args=ocp.args.Composite(**{
         STATE: ocp.args.PyTreeRestore(item=wanted, restore_args=restore_args,
                                       partial_restore=True)}))
-    return restored[STATE]
+    return {"params": restored[STATE][trainable], "frozen": restored[STATE]["frozen"]}
 
   def restore_config(self, step: int) -> dict:
     return self._manager.restore(step, args=ocp.args.Composite(

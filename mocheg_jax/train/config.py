@@ -35,6 +35,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.async_checkpoints = True
   c.freeze = ""  # Regex of parameter paths that are not trained (no gradients, no state).
   c.param_dtype = "float32"
+  # > 0: keep an exponential moving average of the trainable parameters with this decay
+  # (ramped up over the first steps: train/step.py), and evaluate, select and load for
+  # inference the averaged model instead of the last parameters.
+  c.ema_decay = 0.0
 
   c.mesh = mesh_lib.default_config()
   c.sharding = ml_collections.ConfigDict()
@@ -80,5 +84,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.early_stopping_patience and not (c.best_metric and c.eval_every):
     raise ValueError("config.early_stopping_patience needs config.best_metric and a positive "
                      "config.eval_every")
+  if isinstance(c.ema_decay, bool) or not isinstance(c.ema_decay, (int, float)) \
+      or not 0.0 <= c.ema_decay < 1.0:
+    raise ValueError(f"config.ema_decay must be a number in [0, 1), got {c.ema_decay!r}")
   if c.best_mode not in BEST_MODES:
     raise ValueError(f"config.best_mode must be one of {BEST_MODES}, got {c.best_mode!r}")

@@ -242,7 +242,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   optimizer = optim.make_optimizer(config.optimizer, config.total_steps)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     spec = state_lib.ModelSpec.of(task.model, config.freeze)
-    shardings = state_lib.state_shardings(spec, optimizer.tx, mesh, rules)
+    shardings = state_lib.state_shardings(spec, optimizer.tx, mesh, rules,
+                                          ema=config.ema_decay > 0)
     batch_shardings = rules_lib.batch_shardings(dict(task.batch_axes), mesh, rules)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     data = iter(task.train_data(local_batch))
@@ -268,7 +269,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
         b, {k: micro_sharding[k] for k in b})
     train_step = make_train_step(spec, task.loss, optimizer.tx, optimizer.schedule,
                                  config.accum_steps, constrain_micro,
-                                 with_constants=task.constants is not None)
+                                 with_constants=task.constants is not None,
+                                 ema_decay=config.ema_decay)
     step_fn = jax.jit(
         train_step,
         in_shardings=(shardings, batch_shardings, replicated, replicated),
@@ -280,7 +282,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     config_dict = config.to_dict()
 
     def evaluate(step: int) -> dict[str, float]:
-      model = spec.merge(state.params, state.frozen, state.others, None)
+      # With a moving average, the averaged model is the one selected and later loaded.
+      model = spec.merge(state.ema or state.params, state.frozen, state.others, None)
       results = {}
       for evaluator in task.evaluators:
         for name, value in evaluator.run(model, step):

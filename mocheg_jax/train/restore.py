@@ -112,7 +112,8 @@ def load_trained(workdir: str, which: str = "best", moved: paths.Moved = None) -
   checkpoints, step = checkpoint_step(workdir, which)
   with checkpoints:
     config = saved_config(paths.relocate(checkpoints.restore_config(step), moved))
-    params = checkpoints.restore_params(step)
+    # A run with a moving average was evaluated and selected by it: that is the model.
+    params = checkpoints.restore_params(step, "ema" if config.ema_decay > 0 else "params")
   task = make_task(config, workdir, moved)
   spec = ModelSpec.of(task.model, config.freeze)
   model = spec.merge(params["params"], params["frozen"], {}, None)

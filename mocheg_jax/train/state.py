@@ -2,7 +2,9 @@
 
 The NNX model is split once into a static graph definition and pure nested dicts of
 arrays: trainable parameters, frozen parameters (by the config's regex) and any other
-non-RNG variables. Pure dicts keep optax, orbax and sharding code free of NNX types, and a
+non-RNG variables. With `config.ema_decay` the state also holds an exponential moving
+average of the trainable parameters (train/step.py updates it; evaluation and inference
+read it). Pure dicts keep optax, orbax and sharding code free of NNX types, and a
 checkpoint is a plain tree that anything can read. RNG stream state is not kept: the step
 reseeds every stream from `fold_in(rng, step)`, which is what makes a resumed run draw the
 same dropout masks as an uninterrupted one.
@@ -43,6 +45,9 @@ class TrainState:
   # The first step whose loss or gradient was NaN/Inf (-1: none). Such a step's update is
   # skipped inside the jitted step, so the state stays the last good one.
   first_nonfinite_step: jax.Array
+  # The moving average of `params` (same tree and shardings) when config.ema_decay > 0;
+  # empty otherwise, so a run without it saves what it saved before the field existed.
+  ema: Tree = flax.struct.field(default_factory=dict)
 
 
 def path_string(path: tuple) -> str:
@@ -129,8 +134,9 @@ def _reseeded(template: nnx.State, rng: jax.Array | None) -> nnx.State:
 
 
 def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
-                    mesh: jax.sharding.Mesh, rules) -> TrainState:
-  """The sharding of every leaf of the train state (optimizer state follows its params)."""
+                    mesh: jax.sharding.Mesh, rules, ema: bool = False) -> TrainState:
+  """The sharding of every leaf of the train state (optimizer state and the parameters'
+  moving average, with `ema`, follow the parameters)."""
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   shardings = spec.param_shardings(mesh, rules)
   trainable, frozen = spec.split_params(shardings)
@@ -142,11 +148,12 @@ def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
       is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))
   others = jax.tree.map(lambda _: replicated, spec.others_template.to_pure_dict())
   return TrainState(step=replicated, params=trainable, opt_state=opt_shardings, frozen=frozen,
-                    others=others, first_nonfinite_step=replicated)
+                    others=others, first_nonfinite_step=replicated,
+                    ema=trainable if ema else {})
 
 
 def _init_fn(spec: ModelSpec, factory: Callable[[], nnx.Module],
-             tx: optax.GradientTransformation) -> Callable[[], TrainState]:
+             tx: optax.GradientTransformation, ema: bool = False) -> Callable[[], TrainState]:
   def init() -> TrainState:
     model = factory()
     _, params, _, others = nnx.split(model, nnx.Param, nnx.RngState, ...)
@@ -154,20 +161,25 @@ def _init_fn(spec: ModelSpec, factory: Callable[[], nnx.Module],
     return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
                       opt_state=tx.init(trainable), frozen=frozen,
                       others=others.to_pure_dict(),
-                      first_nonfinite_step=jnp.full((), -1, jnp.int32))
+                      first_nonfinite_step=jnp.full((), -1, jnp.int32),
+                      # Zeros: the first update replaces them with the parameters
+                      # (step.py's decay is 0 at step 0), also initial ones loaded later.
+                      ema=jax.tree.map(jnp.zeros_like, trainable) if ema else {})
   return init
 
 
 def init_state(spec: ModelSpec, factory: Callable[[], nnx.Module],
                tx: optax.GradientTransformation, shardings: TrainState) -> TrainState:
-  """A fresh train state, every array created in place by one jitted init."""
-  return run_once(jax.jit(_init_fn(spec, factory, tx), out_shardings=shardings))
+  """A fresh train state, every array created in place by one jitted init (with a moving
+  average of the parameters when `shardings` has one)."""
+  return run_once(jax.jit(_init_fn(spec, factory, tx, bool(shardings.ema)),
+                          out_shardings=shardings))
 
 
 def abstract_state(spec: ModelSpec, factory: Callable[[], nnx.Module],
                    tx: optax.GradientTransformation, shardings: TrainState) -> TrainState:
   """ShapeDtypeStructs with shardings: the restore target of a checkpoint."""
-  shapes = jax.eval_shape(_init_fn(spec, factory, tx))
+  shapes = jax.eval_shape(_init_fn(spec, factory, tx, bool(shardings.ema)))
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       shapes, shardings)
 

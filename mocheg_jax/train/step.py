@@ -3,7 +3,8 @@
 Inside: the step's key is `fold_in(rng, step)`, so the randomness of step s does not depend
 on how the run got there (a resumed run repeats it exactly); gradient accumulation runs the
 micro-batches in a `lax.scan`; a NaN/Inf loss or gradient skips the update and records the
-step, which the loop reports at its next host sync (log or checkpoint steps only).
+step, which the loop reports at its next host sync (log or checkpoint steps only). With
+`ema_decay` the state's moving average of the parameters follows each good update.
 """
 
 from __future__ import annotations
@@ -34,10 +35,23 @@ def split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
   return jax.tree.map(split, batch)
 
 
+def moving_average_decay(ema_decay: float, step: jax.Array) -> jax.Array:
+  """The decay of the update made at `step` (0-based): min(ema_decay, step / (step + 10)).
+
+  0 at step 0, so the average starts at the first updated parameters (not at the zeros it
+  is initialised with, nor at the random or pretrained start); the ramp (TensorFlow's
+  ExponentialMovingAverage with num_updates) keeps the first steps' parameters from
+  weighing on a short run's average: after 100 steps the average spans ~10 steps.
+  """
+  t = jnp.asarray(step, jnp.float32)
+  return jnp.minimum(jnp.float32(ema_decay), t / (t + 10.0))
+
+
 def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, accum_steps: int = 1,
                     constrain_micro: Callable[[Batch], Batch] = lambda b: b,
-                    with_constants: bool = False) -> Callable[..., tuple[TrainState, Metrics]]:
+                    with_constants: bool = False, ema_decay: float = 0.0
+                    ) -> Callable[..., tuple[TrainState, Metrics]]:
   """The step function (not yet jitted; the loop jits it with shardings and donation).
 
   Args:
@@ -47,6 +61,8 @@ def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransfor
     tx, schedule: the optimizer and its learning-rate schedule (logged).
     accum_steps: micro-batches per step.
     constrain_micro: re-applies the batch sharding to a micro-batch.
+    ema_decay: > 0: the state's `ema` (initialised by state.py) follows the parameters,
+      `ema_decay(step)` below.
   """
 
   def micro_loss(params, frozen, others, micro, key, constants):
@@ -83,16 +99,20 @@ def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransfor
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(operands):
-      params, opt_state = operands
+      params, opt_state, ema = operands
       updates, opt_state = tx.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state
+      params = optax.apply_updates(params, updates)
+      if ema_decay:
+        d = moving_average_decay(ema_decay, state.step)
+        ema = jax.tree.map(lambda e, p: (d * e + (1.0 - d) * p).astype(p.dtype), ema, params)
+      return params, opt_state, ema
 
-    params, opt_state = jax.lax.cond(finite, update, lambda operands: operands,
-                                     (state.params, state.opt_state))
+    params, opt_state, ema = jax.lax.cond(finite, update, lambda operands: operands,
+                                          (state.params, state.opt_state, state.ema))
     first_bad = jnp.where((state.first_nonfinite_step < 0) & ~finite, state.step,
                           state.first_nonfinite_step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              first_nonfinite_step=first_bad)
+                              first_nonfinite_step=first_bad, ema=ema)
     out = {"loss": loss, "grad_norm": grad_norm, "learning_rate": schedule(state.step),
            **metrics}
     return new_state, out
