@@ -531,3 +531,10 @@ def test_moving_average_is_evaluated_checkpointed_resumed_and_loaded(tmp_path, m
                      average["params"])
   with pytest.raises(ValueError, match="config.ema_decay must be a number in"):
     loop.train(toy_config(ema_decay=1.0), str(tmp_path / "bad"), log=lambda _: None)
+  # A run saved without an average is not resumed with one (it has none to continue).
+  plain = {**overrides, "ema_decay": 0.0, "total_steps": 10}
+  loop.train(toy_config(**plain), str(tmp_path / "plain"), devices=jax.devices()[:1],
+             log=lambda _: None)
+  with pytest.raises(ValueError, match="checkpoints/10 was saved without a moving average"):
+    loop.train(toy_config(**overrides), str(tmp_path / "plain"), devices=jax.devices()[:1],
+               log=lambda _: None)

@@ -172,19 +172,29 @@ class Checkpointer:
     `target` is a tree of jax.ShapeDtypeStruct with shardings. With `data_iterator`, its
     position is restored too (an error if the checkpoint has none for this process).
     """
+    # Partial: a state saved before a field existed (the empty `ema` of a run without a
+    # moving average) restores into today's state. A field the target needs and the
+    # checkpoint lacks is the caller's to refuse first (`has_moving_average`).
     items: dict[str, Any] = {STATE: ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))}
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)}
     if _has_state(data_iterator):
       items[DATA] = grain.checkpoint.CheckpointRestore(_IteratorRestorer(data_iterator))
     restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     return restored[STATE]
+
+  def has_moving_average(self, step: int) -> bool:
+    """Whether the state saved at `step` holds a moving average of the parameters (a run
+    without one saves an empty `ema`, and one from before the field existed none)."""
+    saved = self._manager.item_metadata(step)[STATE].tree.get("ema")
+    return isinstance(saved, Mapping) and bool(saved)
 
   def restore_params(self, step: int, trainable: str = "params") -> dict:
     """Only the parameters, as host arrays, for inference: {"params": the trainable ones
     (the state's `trainable` entry: "params", or "ema" for their moving average),
     "frozen": the frozen ones}."""
     metadata = self._manager.item_metadata(step)[STATE].tree
-    if trainable not in metadata:
+    if not isinstance(metadata.get(trainable), Mapping) or not metadata[trainable]:
       raise ValueError(f"{self.directory}/{step}: the saved state has no {trainable!r}")
     wanted = {k: metadata[k] for k in (trainable, "frozen")}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)

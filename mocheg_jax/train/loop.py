@@ -254,6 +254,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
                                async_save=config.async_checkpoints)
     latest = checkpoints.latest_step()
     if latest is not None:
+      if config.ema_decay > 0 and not checkpoints.has_moving_average(latest):
+        raise ValueError(f"{checkpoints.directory}/{latest} was saved without a moving "
+                         "average of the parameters: resume it with config.ema_decay=0, or "
+                         "train with a moving average in a new workdir")
       target = state_lib.abstract_state(spec, task.model, optimizer.tx, shardings)
       state = checkpoints.restore(latest, target, data_iterator=data)
       say(f"resumed from {checkpoints.directory}/{latest}")
