@@ -100,3 +100,33 @@ def test_verifiers_read_the_clip_the_image_retriever_started_from(monkeypatch, t
   monkeypatch.setattr(verification_stage, "checkpoint_step", checkpoint_step)
   assert verification_stage.frozen_clip(work) == want
   assert asked == [(f"{work}/stages/retrieval_image", "latest")]
+
+
+def test_the_ensembles_extra_seeds_train_on_the_same_world_and_features(tmp_path):
+  work, csv = str(tmp_path), str(tmp_path / "runs" / "retrieval_results.csv")
+  folders = verification_stage.ensemble_folders("small")
+  assert folders == ["stages/verify_text_image", "stages/verify_text_image_seed1",
+                     "stages/verify_text_image_seed2"]
+  assert verification_stage.ensemble_folders("tiny")[0] == verification_stage.stage_folder(
+      verification_stage.ENSEMBLE_MODE)
+  own = verification_stage._config("small", work, 5, "random", verification_stage.MODES[
+      verification_stage.ENSEMBLE_MODE], csv)
+  extra = verification_stage._ensemble_config("small", work, 5, 2, "random", csv)
+  assert (extra.seed, extra.data.world_seed, own.seed, own.data.world_seed) == (7, 5, 5, -1)
+  extra.seed, extra.data.world_seed = own.seed, own.data.world_seed
+  assert extra.to_dict() == own.to_dict()  # Nothing else differs: same evidence, same store.
+
+
+def test_the_ensemble_averages_its_members_probabilities():
+  claims = [ClaimEvidence(i, f"claim {i}", y, (), ()) for i, y in enumerate(LABELS[:2])]
+
+  def member(probabilities):
+    predict = lambda model, given: np.asarray(probabilities) if given is claims else None
+    inference = types.SimpleNamespace(predict=predict)
+    return types.SimpleNamespace(task=types.SimpleNamespace(inference=inference), model=None)
+
+  averaged = verification_stage.average_probabilities(
+      [member([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]]), member([[0.0, 0.9, 0.1], [0.2, 0.4, 0.4]])],
+      claims)
+  np.testing.assert_allclose(averaged, [[0.3, 0.6, 0.1], [0.2, 0.3, 0.5]])
+  assert verification_stage.ensemble_name(3) == "Stance (text+image, 3 seeds averaged)"

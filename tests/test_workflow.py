@@ -61,7 +61,8 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   assert table4 == {("Majority", "-"), ("Average similarity", "gold"),
                     ("Average similarity", "system"), ("Stance (none)", "-")} | {
                         (f"Stance ({m})", e) for m in ("text+image", "text", "image",
-                                                        "text+image, system-trained")
+                                                        "text+image, system-trained",
+                                                        "text+image, 2 seeds averaged")
                         for e in ("gold", "system")}
   assert all(r["claims"] == summary["splits"]["test"]["claims"]
              for r in summary["verification"])
