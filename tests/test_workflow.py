@@ -83,7 +83,7 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
     workflow.run("tiny", str(copy), seed=0, log=lines.append, overrides=tiny_job.OVERRIDES)
     assert manifest_lib.read_manifest(str(copy)).moved == (str(workdir), str(copy))
   assert any(f"was written at {workdir}" in line for line in lines)
-  assert sum("finished before" in line for line in lines) == 12  # Every training.
+  assert sum("finished before" in line for line in lines) == 13  # Every training.
   assert any("reused from" in line for line in lines)
   # So is every evaluation (Tables 3-5), and the tables are the first run's.
   assert sum("evaluation reused from" in line for line in lines) == 3
