@@ -40,8 +40,8 @@ def moving_average_decay(ema_decay: float, step: jax.Array) -> jax.Array:
 
   0 at step 0, so the average starts at the first updated parameters (not at the zeros it
   is initialised with, nor at the random or pretrained start); the ramp (TensorFlow's
-  ExponentialMovingAverage with num_updates) keeps the first steps' parameters from
-  weighing on a short run's average: after 100 steps the average spans ~10 steps.
+  ExponentialMovingAverage with num_updates, one step later) keeps the first steps'
+  parameters from weighing on a short run's average: at step 100 it spans ~11 steps.
   """
   t = jnp.asarray(step, jnp.float32)
   return jnp.minimum(jnp.float32(ema_decay), t / (t + 10.0))
@@ -61,8 +61,8 @@ def make_train_step(spec: ModelSpec, loss_fn: LossFn, tx: optax.GradientTransfor
     tx, schedule: the optimizer and its learning-rate schedule (logged).
     accum_steps: micro-batches per step.
     constrain_micro: re-applies the batch sharding to a micro-batch.
-    ema_decay: > 0: the state's `ema` (initialised by state.py) follows the parameters,
-      `ema_decay(step)` below.
+    ema_decay: > 0: the state's `ema` (initialised by state.py) follows the parameters
+      with the decay `moving_average_decay(ema_decay, step)`.
   """
 
   def micro_loss(params, frozen, others, micro, key, constants):
