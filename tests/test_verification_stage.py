@@ -63,6 +63,7 @@ def test_each_verifier_trains_in_a_folder_of_its_own_on_its_evidence(tmp_path):
     assert config.verify.evidence == (csv if name == SYSTEM else "gold")
     assert config.verify.item_context == config.verify.item_gate == (name == SYSTEM)
     assert config.verify.train_also_gold == (name == SYSTEM)
+    assert config.ema_decay == (0.99 if name == SYSTEM else 0.0)
 
 
 class _SavedConfig:
