@@ -79,8 +79,9 @@ MODES = {"text+image": Mode(True, True, "gold", "verify_text_image"),
          # F1 on gold evidence 59.1 / 68.6 / 55.5 -> 84.9 / 82.9 / 86.7), system evidence
          # the same within noise (70.5 / 66.2 / 70.0 -> 68.7 / 70.4 / 67.0). Evaluated and
          # kept as the moving average of its weights (2026-12-05 evening, another machine,
-         # seeds 0 / 1 / 2: system evidence 69.6 / 70.9 / 73.2 -> 72.9 / 71.6 / 75.0, gold
-         # 87.9 / 87.2 / 87.2 -> 88.6 / 87.3 / 88.7; for the gold-trained one no gain).
+         # seeds 0 / 1 / 2, seed 0 the stage's run: system evidence 69.6 / 70.9 / 73.2 ->
+         # 71.7 / 71.6 / 75.0, gold 87.9 / 87.2 / 87.2 -> 88.2 / 87.3 / 88.7; for the
+         # gold-trained one no gain).
          SYSTEM_TRAINED: Mode(True, True, "system", "verify_text_image_system",
                               item_context=True, item_gate=True, also_gold=True,
                               ema_decay=0.99)}
