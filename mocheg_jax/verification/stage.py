@@ -242,8 +242,8 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
     stage_dirs[name] = os.path.join(workdir, stage_folder(name))
     log(f"training verifier {name!r} ({mode.trained_on} evidence) in {stage_dirs[name]}")
     loop.train_stage(config, stage_dirs[name], log=log)
-  members = [os.path.join(workdir, f) for f in ensemble_folders(scale)]
-  for k, folder in enumerate(members[1:], start=1):
+  extra_seeds = [os.path.join(workdir, f) for f in ensemble_folders(scale)[1:]]
+  for k, folder in enumerate(extra_seeds, start=1):
     config = _ensemble_config(scale, workdir, seed, k, clip_dir, system_csv, release,
                               overrides)
     log(f"training verifier {ENSEMBLE_MODE!r}, seed {seed + k} of its ensemble, in {folder}")
@@ -251,7 +251,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   def evaluate() -> dict:
     inputs = {"trained": {n: evaluations.trained(d) for n, d in stage_dirs.items()},
-              "ensemble": [evaluations.trained(d) for d in members[1:]],
+              "ensemble": [evaluations.trained(d) for d in extra_seeds],
               "clip": (evaluations.trained(clip_dir) if os.path.isdir(
                   os.path.join(clip_dir, loop.CHECKPOINT_DIR)) else evaluations.folder_sizes(
                       clip_dir)),  # A training workdir, or a local HF CLIP folder.
@@ -260,7 +260,7 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
               "image_facts": sorted(image_facts), "seed": seed, "split": SPLIT,
               "settings": {"system_labels": "best on dev", "modes": SYSTEM_LABEL_MODES}}
     out = evaluations.reuse(workdir, "verification", inputs, OUTPUTS, lambda: _evaluate(
-        workdir, stage_dirs, system_csv, train_claims, image_facts, seed, members), log)
+        workdir, stage_dirs, system_csv, train_claims, image_facts, seed, extra_seeds), log)
     log("\nTable 4 (test split, synthetic world):\n" + out["table"])
     choice = out["system_labels"]
     log(f"system labels: the {choice['mode']} verifier (dev macro F1 on system evidence: "
@@ -273,11 +273,11 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
 def _evaluate(workdir: str, stage_dirs: dict[str, str], system_csv: str,
               train_claims: Sequence, image_facts: set[int], seed: int,
-              members: Sequence[str]) -> dict:
+              extra_seeds: Sequence[str]) -> dict:
   """Scores the trained verifiers and the baselines on the test split; writes Table 4 and
-  the system labels. `members`: ENSEMBLE_MODE's seeds' folders, its stage folder first."""
+  the system labels. `extra_seeds`: the folders of ENSEMBLE_MODE's other seeds."""
   trained = {name: load_trained(folder) for name, folder in stage_dirs.items()}
-  ensemble = [trained[ENSEMBLE_MODE]] + [load_trained(folder) for folder in members[1:]]
+  ensemble = [trained[ENSEMBLE_MODE]] + [load_trained(folder) for folder in extra_seeds]
   rows = []
 
   def add(system: str, evidence: str, claims: list[ClaimEvidence], predicted) -> None:
