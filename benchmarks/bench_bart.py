@@ -26,6 +26,10 @@ compare there with one core each. Prints a table and writes JSON to --out. Not a
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import os
 import sys

@@ -14,6 +14,10 @@ we are faster), also in process CPU seconds, and writes JSON. The target is >= 1
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import os
 import platform

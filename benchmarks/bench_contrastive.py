@@ -50,6 +50,10 @@ Prints a markdown table and writes JSON to --out. Not a test.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import contextlib
 import json
 import math

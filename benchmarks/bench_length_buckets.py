@@ -17,6 +17,10 @@ step of each side and their ratio (cut / full), and the compile seconds, per sta
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import os
 import tempfile

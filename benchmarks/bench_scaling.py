@@ -28,6 +28,10 @@ the same); its torch flags do nothing here. Prints a table per part and writes J
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import os
 import platform

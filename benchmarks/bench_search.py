@@ -32,6 +32,10 @@ differently: ours puts the lower row first). Prints a table and writes --out as 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import os
 import pathlib

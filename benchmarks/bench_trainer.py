@@ -61,6 +61,10 @@ and no run deadlocked. The meshes, shardings and programs are the same either wa
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import os
 
 import json

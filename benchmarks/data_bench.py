@@ -10,6 +10,10 @@ compared side by side with the reference system's way, `pandas.read_csv` of the 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import multiprocessing as mp
 import os

@@ -32,6 +32,10 @@ to --table_out, ready to paste into BENCHMARKS.md.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import dataclasses
 import importlib.metadata
 import json
@@ -46,7 +50,7 @@ from typing import Any, Callable, Sequence
 
 from absl import app, flags
 
-from mocheg_jax.utils import host_memory
+from mocheg_jax.utils import allocator, host_memory
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HERE = os.path.join(_REPO, "benchmarks")
@@ -444,8 +448,8 @@ def machine_info() -> dict[str, Any]:
                                                  "transformers", "sentence-transformers",
                                                  "faiss-cpu")},
               load_average_start=list(os.getloadavg()),
-              # The benchmarks it starts inherit the variable (host_memory.py).
-              keep_freed_memory=host_memory.asked())
+              # The benchmarks it starts inherit the variables (host_memory.py, allocator.py).
+              keep_freed_memory=host_memory.asked(), malloc=allocator.planned())
 
 
 def _fmt(x: float | None) -> str:
@@ -466,6 +470,7 @@ def markdown_table(results: dict[str, Any]) -> str:
   v = m["versions"]
   lines = [f"CPU x{m['cpu_count']}, load average {start:.1f} -> {end:.1f}; jax {v.get('jax')}, "
            f"torch {v.get('torch')}, transformers {v.get('transformers')}"
+           + f"; malloc: {m.get('malloc', 'glibc')}"
            + (f"; {host_memory.ENV_VAR}=1" if m.get("keep_freed_memory") else "")
            + ("; QUICK MODE (smoke sizes: the ratios are not the benchmarks' figures)"
               if results["quick"] else ""), "",

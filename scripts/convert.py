@@ -7,6 +7,10 @@ The model is loaded with our conversion table (every tensor checked), then writt
 tokenizer and other non-weight files travel along. transformers loads the `hf` output.
 """
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 from absl import app, flags
 
 from mocheg_jax.models import zoo

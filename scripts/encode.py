@@ -21,6 +21,10 @@ CLIP embeddings are the projections (as transformers' get_text_features /
 get_image_features), not normalised.
 """
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import os
 import time
 

@@ -17,6 +17,10 @@ prediction are an error unless --allow_missing. Unusable input: one line on stde
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 import sys
 

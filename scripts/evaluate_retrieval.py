@@ -19,6 +19,10 @@ error (it was made for another split or KB). Unusable input: one line on stderr,
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import sys
 import time
 

@@ -13,6 +13,10 @@ written until every claim is checked, so a failure never leaves a partial JSON: 
 `error: ...` line on stderr naming it, and exit status 1. Logs go to stderr.
 """
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import contextlib
 import json
 import sys

@@ -22,6 +22,10 @@ Unusable input: one `error: ...` line on stderr and exit status 1.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import sys
 import time
 

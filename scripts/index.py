@@ -12,6 +12,10 @@ finished shard; an index folder written by another encoder is an error.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 
 from absl import app

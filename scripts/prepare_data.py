@@ -6,6 +6,10 @@ Works the same on the real release and on a synthetic world. Records that cannot
 are listed in `skipped.csv` beside each config's data and summarised on the console.
 """
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 from absl import app, flags
 
 from mocheg_jax.data import tfds_mocheg

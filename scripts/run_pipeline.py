@@ -10,6 +10,10 @@ the stages train on that Mocheg release with configs/*.py:SCALE. Rerunning with 
 workdir reuses every finished step (see mocheg_jax/workflow.py for the steps).
 """
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import ast
 
 from absl import app, flags

@@ -15,6 +15,10 @@ kept), read by verification and explanation as system evidence.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
+  from mocheg_jax.utils import allocator
+  allocator.run_under_preferred_allocator()
+
 import json
 
 from absl import app

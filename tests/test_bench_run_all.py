@@ -280,3 +280,20 @@ def test_the_table_says_when_freed_memory_was_kept(monkeypatch, value, kept):
   header = run_all.markdown_table(dict(machine=machine, quick=False, figures=[],
                                        failures=[])).splitlines()[0]
   assert ("MOCHEG_JAX_KEEP_FREED_MEMORY=1" in header) is kept
+
+
+@pytest.mark.parametrize("value", ["glibc", None])
+def test_the_table_names_the_allocator_the_benchmarks_run_under(monkeypatch, value):
+  if value is None:
+    monkeypatch.delenv(run_all.allocator.ENV_VAR, raising=False)
+  else:
+    monkeypatch.setenv(run_all.allocator.ENV_VAR, value)
+  machine = run_all.machine_info()
+  expected = "glibc" if value else run_all.allocator.planned()
+  if value is None and sys.platform.startswith("linux"):
+    assert expected == "mimalloc"  # The dependency ships the library on Linux.
+  assert machine["malloc"] == expected
+  machine["load_average_end"] = machine["load_average_start"]
+  header = run_all.markdown_table(dict(machine=machine, quick=False, figures=[],
+                                       failures=[])).splitlines()[0]
+  assert f"; malloc: {expected}" in header

@@ -14,34 +14,18 @@ import sys
 import pytest
 
 from mocheg_jax.utils import host_memory
+from tests import faulting_step
 from tests.processes import REPO
 
-# A step with eight 64 MB temporaries: [4096, 4096] float32 arrays, each the operand of a
-# matrix-vector product (XLA:CPU runs dots as library calls, so it materialises them).
-_STEP = """
-import json, resource, sys
-from mocheg_jax.utils import host_memory
-kept = host_memory.keep_freed_memory_if_asked()
-import jax, jax.numpy as jnp
-@jax.jit
-def step(x, v):
-  return sum(jnp.sin(x * i) @ v for i in range(8))
-x, v = jnp.ones((4096, 4096), jnp.float32), jnp.ones((4096,), jnp.float32)
-for _ in range(6):
-  step(x, v).block_until_ready()
-faults = []
-for _ in range(9):
-  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  step(x, v).block_until_ready()
-  faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps({"kept": kept, "faults": faults}))
-"""
-
-_TEMPORARY_PAGES = 8 * 4096 * 4096 * 4 // 4096
+_STEP = faulting_step.program(
+    "from mocheg_jax.utils import host_memory\nkept = host_memory.keep_freed_memory_if_asked()",
+    "{'kept': kept}")
+_TEMPORARY_PAGES = faulting_step.TEMPORARY_PAGES
 
 
 def _step_faults(keep: str) -> dict:
   env = dict(os.environ, XLA_FLAGS="", **{host_memory.ENV_VAR: keep})
+  env.pop("LD_PRELOAD", None)  # glibc's malloc, whatever this process runs under.
   out = subprocess.run([sys.executable, "-c", _STEP], cwd=REPO, env=env, check=True,
                        text=True, capture_output=True).stdout
   return json.loads(out.splitlines()[-1])

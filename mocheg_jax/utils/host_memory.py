@@ -28,7 +28,11 @@ the next step reuses it. It is off by default because of what it costs:
   next step allocated its own): a bare step with 512 MB of temporaries run back to back
   settled at 3.4-3.9 GB peak resident memory against 0.8 GB; the InfoNCE benchmark's peak
   went from 4.85 to 5.08 GB.
-Turn it on for long CPU training runs of MiniLM-sized models and larger.
+Since 2026-12-06 the scripts run under mimalloc by default (mocheg_jax/utils/allocator.py),
+which removes the faults without the lock; this setting is for processes that keep glibc's
+malloc (MOCHEG_JAX_MALLOC=glibc, or library code started without the preload), where it
+matters for long CPU training runs of MiniLM-sized models and larger. Under mimalloc it
+changes nothing (mallopt configures only glibc's malloc).
 
 Called by every script's entry (`cli.friendly_errors`), the benchmarks and the tests; it
 must run before JAX starts its CPU backend (threads that already run keep their arenas).
