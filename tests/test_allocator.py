@@ -45,9 +45,9 @@ _TEMPORARY_PAGES = faulting_step.TEMPORARY_PAGES
 def _run(tmp_path, source: str, *args: str, **env_changes: str | None):
   script = tmp_path / "entry.py"
   script.write_text(source)
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("LD_PRELOAD", allocator.ENV_VAR, "MIMALLOC_PURGE_DELAY")
-         and not k.startswith("MOCHEG_JAX_MALLOC")}
+  env = {k: v for k, v in os.environ.items()  # Ours and the re-exec's marker (_TRIED_VAR).
+         if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY")
+         and not k.startswith(allocator.ENV_VAR)}
   env.update({k: v for k, v in env_changes.items() if v is not None})
   env["XLA_FLAGS"] = ""
   return subprocess.run([sys.executable, str(script), *args], cwd=REPO, env=env, text=True,
@@ -59,10 +59,13 @@ def _report(result) -> dict:
   return json.loads(result.stdout.splitlines()[-1])
 
 
-def test_the_dependency_ships_the_library():
+def test_the_dependency_ships_the_library(monkeypatch):
   library = allocator.mimalloc_library()
   assert library and os.path.isfile(library), "cmeel-mimalloc is not installed"
-  assert allocator.planned() in ("mimalloc", "glibc")
+  monkeypatch.delenv(allocator.ENV_VAR, raising=False)
+  assert allocator.planned() == "mimalloc"
+  monkeypatch.setenv(allocator.ENV_VAR, "glibc")
+  assert allocator.planned() == "glibc"
 
 
 def test_an_entry_point_reexecutes_itself_under_mimalloc_once(tmp_path):
@@ -80,7 +83,7 @@ def test_a_purge_delay_already_set_is_kept(tmp_path):
 
 def test_a_process_already_under_mimalloc_is_not_reexecuted(tmp_path):
   library = allocator.mimalloc_library()
-  # Another preload beside ours stays, and the process keeps its pid (no exec).
+  # Started with the preload: the process keeps its pid (no exec) and its environment.
   script = tmp_path / "entry.py"
   script.write_text(_ENTRY)
   env = dict(os.environ, LD_PRELOAD=library, XLA_FLAGS="")
