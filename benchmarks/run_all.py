@@ -440,9 +440,31 @@ def _version(package: str) -> str | None:
     return None
 
 
+# The vector and matrix instruction sets that decide which side's kernels win: on an AVX2
+# machine (AMD EPYC) our dots were on par with PyTorch's, on an AVX-512 / AMX Xeon PyTorch's
+# oneDNN kernels ran 15-30% faster (BENCHMARKS.md, "A second CPU").
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+  """The CPU's model name and which of _ISA_FLAGS it has (empty where /proc is missing)."""
+  try:
+    with open(cpuinfo) as f:
+      text = f.read()
+  except OSError:
+    return dict(model=platform.processor() or None, isa=[])
+  fields = {}
+  for line in text.splitlines():
+    key, _, value = line.partition(":")
+    fields.setdefault(key.strip(), value.strip())  # The first processor's.
+  flags = set(fields.get("flags", "").split())
+  return dict(model=fields.get("model name"), isa=[f for f in _ISA_FLAGS if f in flags])
+
+
 def machine_info() -> dict[str, Any]:
   """Importing jax/torch here would cost seconds and memory; package metadata is enough."""
-  return dict(cpu_count=os.cpu_count(), usable_cpus=len(os.sched_getaffinity(0)),
+  return dict(cpu=cpu_description(),
+              cpu_count=os.cpu_count(), usable_cpus=len(os.sched_getaffinity(0)),
               platform=platform.platform(), python=platform.python_version(),
               versions={p: _version(p) for p in ("jax", "jaxlib", "flax", "torch",
                                                  "transformers", "sentence-transformers",
@@ -468,7 +490,9 @@ def markdown_table(results: dict[str, Any]) -> str:
   m = results["machine"]
   start, end = m["load_average_start"][0], (m.get("load_average_end") or [float("nan")])[0]
   v = m["versions"]
-  lines = [f"CPU x{m['cpu_count']}, load average {start:.1f} -> {end:.1f}; jax {v.get('jax')}, "
+  cpu = m.get("cpu") or {}
+  described = f"{cpu.get('model') or 'CPU'} ({', '.join(cpu.get('isa') or []) or 'no AVX2'})"
+  lines = [f"{described} x{m['cpu_count']}, load average {start:.1f} -> {end:.1f}; jax {v.get('jax')}, "
            f"torch {v.get('torch')}, transformers {v.get('transformers')}"
            + f"; malloc: {m.get('malloc', 'glibc')}"
            + (f"; {host_memory.ENV_VAR}=1" if m.get("keep_freed_memory") else "")

@@ -6,7 +6,7 @@ import shutil
 import tempfile
 
 # None of these imports JAX: the set-up below comes first.
-from mocheg_jax.utils import host_memory
+from mocheg_jax.utils import allocator, host_memory
 from mocheg_jax.utils.host_devices import host_device_flags
 from tests import tiny_job
 from tests.processes import FAST_COMPILE_FLAGS
@@ -17,22 +17,51 @@ from tests.processes import FAST_COMPILE_FLAGS
 os.environ.setdefault("XLA_FLAGS", f"{host_device_flags(8)} "
                       f"--xla_cpu_use_fusion_emitters=false {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache for the session's tests and every script they start
-# (processes.script_environment passes it on): many tests compile the same tiny programs
-# (measured: the trainer, verifier and explanation tests 787 -> 636 s). A size limit is what
-# makes JAX lock the cache's files, so a process never reads an entry another is writing.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _COMPILATION_CACHE = tempfile.mkdtemp(prefix="mocheg_jax_compilation_cache_")
-  atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
-  os.environ.update(JAX_COMPILATION_CACHE_DIR=_COMPILATION_CACHE,
-                    JAX_COMPILATION_CACHE_MAX_SIZE=str(8 << 30),
-                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 host_memory.keep_freed_memory_if_asked()  # As the scripts do (mocheg_jax/utils/host_memory.py).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402  (after the environment set-up above)
+
+
+def pytest_configure(config):
+  """The session runs under the scripts' allocator (mocheg_jax/utils/allocator.py; measured
+  2026-12-06: four test files 206-212 s under glibc, 191-194 s under mimalloc), then gets
+  its compilation cache."""
+  _run_under_preferred_allocator(config)
+  _share_one_compilation_cache()
+
+
+def _run_under_preferred_allocator(config):
+  """Re-executes pytest under mimalloc, as the scripts re-execute themselves. Here, not at
+  the top of this file: while pytest loads this file it captures the output descriptors
+  (the re-executed process would write into pytest's capture files); by pytest_configure it
+  has handed them back, and no test module, so no JAX, is imported yet."""
+  try:
+    if not allocator.reexecution_needed():
+      return
+  except allocator.AllocatorError as e:
+    raise pytest.UsageError(str(e)) from None
+  capture = config.pluginmanager.getplugin("capturemanager")
+  if capture is not None:
+    capture.stop_global_capturing()
+  allocator.run_under_preferred_allocator()
+
+
+def _share_one_compilation_cache():
+  """One persistent compilation cache for the session's tests and every script they start
+  (processes.script_environment passes it on): many tests compile the same tiny programs
+  (measured: the trainer, verifier and explanation tests 787 -> 636 s). A size limit is what
+  makes JAX lock the cache's files, so a process never reads an entry another is writing.
+  After the re-exec: the process that makes the folder is the one that removes it."""
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  folder = tempfile.mkdtemp(prefix="mocheg_jax_compilation_cache_")
+  atexit.register(shutil.rmtree, folder, ignore_errors=True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=folder,
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(8 << 30),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 @pytest.fixture(scope="module")

@@ -42,14 +42,21 @@ _STEP = faulting_step.program(
 _TEMPORARY_PAGES = faulting_step.TEMPORARY_PAGES
 
 
-def _run(tmp_path, source: str, *args: str, **env_changes: str | None):
-  script = tmp_path / "entry.py"
-  script.write_text(source)
+def _fresh_environment(**env_changes: str | None) -> dict[str, str]:
+  """This process's environment without what the allocator's choice reads or the re-exec
+  sets (the test session itself runs re-executed under mimalloc: tests/conftest.py)."""
   env = {k: v for k, v in os.environ.items()  # Ours and the re-exec's marker (_TRIED_VAR).
          if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY")
          and not k.startswith(allocator.ENV_VAR)}
   env.update({k: v for k, v in env_changes.items() if v is not None})
   env["XLA_FLAGS"] = ""
+  return env
+
+
+def _run(tmp_path, source: str, *args: str, **env_changes: str | None):
+  script = tmp_path / "entry.py"
+  script.write_text(source)
+  env = _fresh_environment(**env_changes)
   return subprocess.run([sys.executable, str(script), *args], cwd=REPO, env=env, text=True,
                         capture_output=True)
 
@@ -86,8 +93,7 @@ def test_a_process_already_under_mimalloc_is_not_reexecuted(tmp_path):
   # Started with the preload: the process keeps its pid (no exec) and its environment.
   script = tmp_path / "entry.py"
   script.write_text(_ENTRY)
-  env = dict(os.environ, LD_PRELOAD=library, XLA_FLAGS="")
-  env.pop(allocator.ENV_VAR, None)
+  env = _fresh_environment(LD_PRELOAD=library)
   child = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   out, err = child.communicate()
@@ -118,3 +124,19 @@ def test_under_mimalloc_a_step_reuses_its_freed_temporaries(tmp_path):
   # after six warm-ups, one step of nine 258, 2026-12-06; glibc 131,077 every step).
   assert statistics.median(glibc["faults"]) > _TEMPORARY_PAGES / 2, glibc
   assert statistics.median(mimalloc["faults"]) < _TEMPORARY_PAGES / 20, (mimalloc, glibc)
+
+
+def test_the_test_session_runs_under_the_allocator_it_plans():
+  assert allocator.loaded() == allocator.planned()  # tests/conftest.py re-executed pytest.
+
+
+def test_a_reexecuted_test_session_keeps_its_output(tmp_path):
+  # A session started under glibc re-executes itself in pytest_configure; what it prints
+  # after that must still reach its stdout, not the capture files of the first process.
+  env = _fresh_environment()
+  del env["XLA_FLAGS"]  # The session's own set-up, as a fresh one gets it.
+  test = "tests/test_allocator.py::test_the_test_session_runs_under_the_allocator_it_plans"
+  result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           test], cwd=REPO, env=env, text=True, capture_output=True)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "1 passed" in result.stdout

@@ -297,3 +297,19 @@ def test_the_table_names_the_allocator_the_benchmarks_run_under(monkeypatch, val
   header = run_all.markdown_table(dict(machine=machine, quick=False, figures=[],
                                        failures=[])).splitlines()[0]
   assert f"; malloc: {expected}" in header
+
+
+def test_the_table_names_the_cpu_and_its_vector_instructions(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nmodel name\t: Example Xeon 9\n"
+                     "flags\t\t: fpu sse2 avx avx2 avx512f avx512bw amx_tile\n\n"
+                     "processor\t: 1\nmodel name\t: Example Xeon 9\nflags\t\t: fpu\n")
+  assert run_all.cpu_description(str(cpuinfo)) == dict(model="Example Xeon 9",
+                                                       isa=["avx2", "avx512f", "amx_tile"])
+  assert run_all.cpu_description(str(tmp_path / "missing"))["isa"] == []
+  machine = run_all.machine_info()
+  machine.update(cpu=dict(model="Example Xeon 9", isa=["avx2"]),
+                 load_average_end=machine["load_average_start"])
+  header = run_all.markdown_table(dict(machine=machine, quick=False, figures=[],
+                                       failures=[])).splitlines()[0]
+  assert header.startswith(f"Example Xeon 9 (avx2) x{machine['cpu_count']}, load average")

@@ -81,30 +81,47 @@ def loaded() -> str:
     return "glibc"
 
 
-def run_under_preferred_allocator() -> None:
-  """Re-executes this process under the allocator MOCHEG_JAX_MALLOC asks for when it runs
-  another and the switch is possible (module doc); returns when nothing needs to change.
-  Call it before importing JAX or PyTorch: nothing done before it is kept.
-  """
+def _switch_environment() -> dict[str, str] | None:
+  """The environment a re-exec under the requested allocator needs, or None when this
+  process should go on as it is (it runs that allocator, it tried once already, not Linux,
+  or no mimalloc library). Raises AllocatorError for an unknown MOCHEG_JAX_MALLOC."""
   if not sys.platform.startswith("linux"):
-    return
-  try:
-    choice = requested()
-  except AllocatorError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    return None
+  choice = requested()
   if loaded() == choice or os.environ.get(_TRIED_VAR) == choice:
-    return
+    return None
   env = dict(os.environ)
   preloads = [p for p in env.get("LD_PRELOAD", "").split() if _LIBRARY not in p]
   if choice == "mimalloc":
     library = mimalloc_library()
     if library is None:
-      return
+      return None
     preloads.insert(0, library)
     env.setdefault(_PURGE_DELAY_VAR, "-1")
   env["LD_PRELOAD"] = " ".join(preloads)
   env[_TRIED_VAR] = choice
+  return env
+
+
+def reexecution_needed() -> bool:
+  """Whether `run_under_preferred_allocator` would re-execute this process (for a caller
+  that must prepare for it, as the test session hands back its captured output first).
+  Raises AllocatorError for an unknown MOCHEG_JAX_MALLOC."""
+  return _switch_environment() is not None
+
+
+def run_under_preferred_allocator() -> None:
+  """Re-executes this process under the allocator MOCHEG_JAX_MALLOC asks for when it runs
+  another and the switch is possible (module doc); returns when nothing needs to change.
+  Call it before importing JAX or PyTorch: nothing done before it is kept.
+  """
+  try:
+    env = _switch_environment()
+  except AllocatorError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  if env is None:
+    return
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, env)
