@@ -295,6 +295,22 @@ def extract_data(data: dict) -> list[dict]:
                  "s", "pandas.read_csv", None, note)]
 
 
+def extract_gemm(data: dict) -> list[dict]:
+  """One row: the geometric means over the products (so its ratio is the geometric mean of
+  the per-product ratios); each product's ratio goes in the note. No target: it says how
+  much of the other ratios is the kernels' (BENCHMARKS.md, "A second CPU")."""
+  s = "bench_gemm.py"
+  shapes = _get(data, s, "shapes")
+  per_product = "; ".join(
+      f"{_get(data, s, f'shapes.{i}.shape')} {_get(data, s, f'shapes.{i}.kind')} "
+      f"{_number(data, s, f'shapes.{i}.ratio'):.2f}x" for i in range(len(shapes)))
+  return [figure("gemm", f"float32 matrix products, geometric mean of {len(shapes)}",
+                 _number(data, s, "summary.ours_gflops"),
+                 _number(data, s, "summary.reference_gflops"), "GFLOP/s", "torch.matmul",
+                 None, f"{per_product}; max rel. diff "
+                 f"{_number(data, s, 'summary.max_relative_difference'):.1e}")]
+
+
 # ---- the benchmarks -------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
@@ -343,6 +359,9 @@ BENCHMARKS = [
     # 16). Quick: tiny shapes, two rounds.
     Benchmark("contrastive", "bench_contrastive.py", extract_contrastive, 2 * 3600,
               quick_flags=("--text_size=tiny", "--clip_sizes=tiny", "--repeats=2")),
+    # The models' matrix products alone (a diagnostic without a target). ~20 s.
+    Benchmark("gemm", "bench_gemm.py", extract_gemm, 1800,
+              quick_flags=("--shapes=tiny", "--calls=2", "--repeats=1")),
     # Paper scale: ~12 minutes of world and TFDS building around the KB reads (BENCHMARKS.md).
     Benchmark("data", "data_bench.py", extract_data, 2 * 3600, quick_flags=("--scale=tiny",)),
 ]

@@ -89,6 +89,11 @@ CONTRASTIVE = {"benchmark": "contrastive", "parts": ["text", "clip"], "torch_thr
                                          hard_negatives=True),
                "clip": [_contrastive_part("small", 300.0, 200.0, symmetric=False),
                         _contrastive_part("base", 1.0, 2.0, symmetric=True)]}
+GEMM = {"benchmark": "gemm", "shapes": [
+    {"shape": "bart_ffn_in", "kind": "forward", "ratio": 0.8},
+    {"shape": "bart_ffn_in", "kind": "weight_gradient", "ratio": 1.25}],
+    "summary": {"ours_gflops": 300.0, "reference_gflops": 300.0, "ratio": 1.0,
+                "max_relative_difference": 7.1e-7}}
 _DATA_STEP = {"seconds": 7.4, "peak_gb": 0.02, "error": None}
 DATA = {"scale": "paper", "steps": {
     "read_kb": dict(_DATA_STEP, rows=2804810, chars=10**8, skipped=0),
@@ -158,6 +163,11 @@ def test_extractors_read_each_scripts_json():
   (row,) = run_all.extract_contrastive(dropout)
   assert "losses not compared" in row["note"]
 
+  (gemm,) = run_all.extract_gemm(GEMM)
+  assert gemm["ratio"] == 1.0 and gemm["met"] is None and gemm["unit"] == "GFLOP/s"
+  assert gemm["name"] == "float32 matrix products, geometric mean of 2"
+  assert gemm["note"] == ("bart_ffn_in forward 0.80x; bart_ffn_in weight_gradient 1.25x; "
+                          "max rel. diff 7.1e-07")
   (data,) = run_all.extract_data(DATA)
   assert data["ratio"] == pytest.approx(7.4 / 1.85) and data["met"] is None
   assert data["unit"] == "s" and "2,804,810-sentence KB (paper world)" in data["name"]
@@ -172,7 +182,7 @@ def test_every_benchmark_has_an_extractor_for_its_example():
   examples = {"bert": BERT, "clip": CLIP, "search": SEARCH, "verify": VERIFY,
               "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_beam": BART,
               "bart_beam_400": BART_BEAM_400, "trainer": TRAINER, "contrastive": CONTRASTIVE,
-              "data": DATA}
+              "gemm": GEMM, "data": DATA}
   assert set(examples) == set(run_all.BY_NAME)
   for name, data in examples.items():
     rows = run_all.BY_NAME[name].extract(data)
