@@ -16,7 +16,9 @@ Each shape is timed two ways:
   layer runs on CPU), PyTorch `x @ w`;
 - weight gradient, x^T g for g [M, N]: ours the pullback of `matmul.matmul` with respect to
   w (what training runs: matmul.py's canonical dots with a transposed operand), PyTorch
-  `x.T @ g` (what autograd runs for a linear layer's weight).
+  `x.T @ g` (what autograd runs for a linear layer's weight), and the plain dot_general
+  contracting both operands' rows (the dot matmul.py replaces on CPU: its column says
+  whether the replacement pays on this CPU).
 Both sides get the same float32 inputs; their outputs are compared (largest difference
 relative to the largest magnitude). Timing: one warm-up run per side (compilation), then
 --repeats rounds, alternately ours and PyTorch, each round --calls products (ours looped
@@ -73,8 +75,10 @@ def geometric_mean(values: list[float]) -> float:
 
 
 def _sides(kind: str, m: int, k: int, n: int, rng):
-  """(ours, reference): callables that run the product --calls times and return the sum
-  of the results. Ours is one jitted program looping inside XLA (lax.fori_loop), so the
+  """{"ours", "reference"[, "plain"]}: callables that run the product --calls times and
+  return the sum of the results; "plain" (weight gradients only) is x^T g as one
+  dot_general contracting both operands' rows, the dot matmul.py's transposes replace on
+  CPU, so a run shows whether that choice still pays on this CPU. Ours is one jitted program looping inside XLA (lax.fori_loop), so the
   time is the kernels' and not Python's dispatch per call (which, for the sub-millisecond
   products, moved a back-to-back run of jitted calls between 0.6x and 1.03x of PyTorch from
   run to run); each iteration scales x by a factor the compiler cannot prove to be 1, so
@@ -94,19 +98,25 @@ def _sides(kind: str, m: int, k: int, n: int, rng):
   tx, tw, tg = (torch.from_numpy(a.copy()) for a in (x, w, g))
   calls = _CALLS.value
 
-  def product(x, w, g):
-    if kind == "forward":
-      return matmul.matmul(x, w)
+  def forward(x, w, g):
+    return matmul.matmul(x, w)
+
+  def weight_gradient(x, w, g):
     _, pullback = jax.vjp(lambda w: matmul.matmul(x, w), w)
     return pullback(g)[0]  # x^T g.
 
-  @jax.jit
-  def ours(x, w, g):
-    def body(i, total):
-      scale = 1.0 + i.astype(jnp.float32) * 1e-30  # 1.0 in float32, unknown when compiling.
-      return total + product(x * scale, w, g)
-    shape = (m, n) if kind == "forward" else (k, n)
-    return jax.lax.fori_loop(0, calls, body, jnp.zeros(shape, jnp.float32))
+  def plain_weight_gradient(x, w, g):
+    return jax.lax.dot_general(x, g, (((0,), (0,)), ((), ())))
+
+  def looped(product):
+    @jax.jit
+    def run(x, w, g):
+      def body(i, total):
+        scale = 1.0 + i.astype(jnp.float32) * 1e-30  # 1.0 in float32, unknown when compiling.
+        return total + product(x * scale, w, g)
+      shape = (m, n) if kind == "forward" else (k, n)
+      return jax.lax.fori_loop(0, calls, body, jnp.zeros(shape, jnp.float32))
+    return lambda: run(jx, jw, jg).block_until_ready()
 
   def reference():
     total = torch.zeros((m, n) if kind == "forward" else (k, n))
@@ -114,7 +124,10 @@ def _sides(kind: str, m: int, k: int, n: int, rng):
       total += tx @ tw if kind == "forward" else tx.T @ tg
     return total
 
-  return (lambda: ours(jx, jw, jg).block_until_ready()), reference
+  if kind == "forward":
+    return dict(ours=looped(forward), reference=reference)
+  return dict(ours=looped(weight_gradient), reference=reference,
+              plain=looped(plain_weight_gradient))
 
 
 def _round(fn) -> float:
@@ -128,23 +141,29 @@ def bench_shape(name: str, kind: str, rng) -> dict:
   import numpy as np
 
   label, m, k, n = SHAPES[name]
-  ours, reference = _sides(kind, m, k, n, rng)
+  sides = _sides(kind, m, k, n, rng)
   start = time.perf_counter()
-  ours_out = np.asarray(ours())  # Compiles. Both return the sum of --calls equal products.
+  ours_out = np.asarray(sides["ours"]())  # Compiles. All return the sum of --calls products.
   compile_s = time.perf_counter() - start
-  ref_out = reference().numpy()
+  ref_out = sides["reference"]().numpy()
   scale = float(np.abs(ref_out).max()) or 1.0
-  difference = float(np.abs(ours_out - ref_out).max()) / scale
-  ours_s, ref_s = [], []
-  for _ in range(_REPEATS.value):  # Interleaved, so load changes hit both sides alike.
-    ours_s.append(_round(ours))
-    ref_s.append(_round(reference))
+  outputs = [ours_out] + ([np.asarray(sides["plain"]())] if "plain" in sides else [])
+  difference = max(float(np.abs(out - ref_out).max()) / scale for out in outputs)
+  seconds = {side: [] for side in sides}
+  for _ in range(_REPEATS.value):  # Interleaved, so load changes hit every side alike.
+    for side, fn in sides.items():
+      seconds[side].append(_round(fn))
   flops = 2.0 * m * k * n
-  ours_gflops, ref_gflops = flops / min(ours_s) / 1e9, flops / min(ref_s) / 1e9
-  return dict(shape=name, label=label, kind=kind, m=m, k=k, n=n, ours_seconds=ours_s,
-              reference_seconds=ref_s, ours_gflops=ours_gflops, reference_gflops=ref_gflops,
-              ratio=ours_gflops / ref_gflops, max_relative_difference=difference,
-              ours_compile_s=compile_s)
+  gflops = {side: flops / min(s) / 1e9 for side, s in seconds.items()}
+  row = dict(shape=name, label=label, kind=kind, m=m, k=k, n=n,
+             ours_seconds=seconds["ours"], reference_seconds=seconds["reference"],
+             ours_gflops=gflops["ours"], reference_gflops=gflops["reference"],
+             ratio=gflops["ours"] / gflops["reference"], max_relative_difference=difference,
+             ours_compile_s=compile_s, plain_seconds=None, plain_gflops=None, plain_ratio=None)
+  if "plain" in sides:
+    row.update(plain_seconds=seconds["plain"], plain_gflops=gflops["plain"],
+               plain_ratio=gflops["plain"] / gflops["reference"])
+  return row
 
 
 def main(argv: list[str]) -> None:
@@ -165,12 +184,14 @@ def main(argv: list[str]) -> None:
   print(f"float32 matrix products, best of {_REPEATS.value} interleaved rounds of "
         f"{_CALLS.value} products; {_THREADS.value} torch threads; XLA cpu on {os.cpu_count()} "
         "CPUs")
-  print("| product | M x K x N | kind | ours GFLOP/s | PyTorch GFLOP/s | ratio | max rel. diff |")
-  print("|---|---|---|---|---|---|---|")
+  print("| product | M x K x N | kind | ours GFLOP/s | PyTorch GFLOP/s | ratio "
+        "| plain dot's ratio | max rel. diff |")
+  print("|---|---|---|---|---|---|---|---|")
   for r in rows:
+    plain = "-" if r["plain_ratio"] is None else f"{r['plain_ratio']:.3f}x"
     print(f"| {r['label']} | {r['m']} x {r['k']} x {r['n']} | {r['kind'].replace('_', ' ')} "
           f"| {r['ours_gflops']:.1f} | {r['reference_gflops']:.1f} | {r['ratio']:.3f}x "
-          f"| {r['max_relative_difference']:.1e} |")
+          f"| {plain} | {r['max_relative_difference']:.1e} |")
   print(f"geometric mean of the ratios: {summary['ratio']:.3f}x")
   result = dict(benchmark="gemm", platform=platform.platform(), cpu_count=os.cpu_count(),
                 torch_threads=_THREADS.value, repeats=_REPEATS.value, calls=_CALLS.value,

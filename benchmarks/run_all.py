@@ -301,9 +301,15 @@ def extract_gemm(data: dict) -> list[dict]:
   much of the other ratios is the kernels' (BENCHMARKS.md, "A second CPU")."""
   s = "bench_gemm.py"
   shapes = _get(data, s, "shapes")
-  per_product = "; ".join(
-      f"{_get(data, s, f'shapes.{i}.shape')} {_get(data, s, f'shapes.{i}.kind')} "
-      f"{_number(data, s, f'shapes.{i}.ratio'):.2f}x" for i in range(len(shapes)))
+
+  def product(i: int) -> str:
+    text = (f"{_get(data, s, f'shapes.{i}.shape')} {_get(data, s, f'shapes.{i}.kind')} "
+            f"{_number(data, s, f'shapes.{i}.ratio'):.2f}x")
+    if shapes[i].get("plain_ratio") is not None:  # Weight gradients: the plain dot too.
+      text += f" (plain dot {_number(data, s, f'shapes.{i}.plain_ratio'):.2f}x)"
+    return text
+
+  per_product = "; ".join(product(i) for i in range(len(shapes)))
   return [figure("gemm", f"float32 matrix products, geometric mean of {len(shapes)}",
                  _number(data, s, "summary.ours_gflops"),
                  _number(data, s, "summary.reference_gflops"), "GFLOP/s", "torch.matmul",

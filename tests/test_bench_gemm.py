@@ -32,6 +32,10 @@ def test_tiny_run_times_both_kinds_and_the_sides_agree(tmp_path):
     flops = 2 * 16 * 32 * 24
     assert row["ours_gflops"] == pytest.approx(flops / min(row["ours_seconds"]) / 1e9)
     assert row["ratio"] == pytest.approx(row["ours_gflops"] / row["reference_gflops"])
+  # The plain dot that matmul.py replaces is timed for weight gradients only.
+  assert forward["plain_ratio"] is None and len(gradient["plain_seconds"]) == 2
+  assert gradient["plain_ratio"] == pytest.approx(gradient["plain_gflops"]
+                                                  / gradient["reference_gflops"])
   summary = result["summary"]
   assert summary["ratio"] == pytest.approx(math.sqrt(forward["ratio"] * gradient["ratio"]))
   (row,) = run_all.extract_gemm(result)

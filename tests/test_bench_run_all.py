@@ -91,7 +91,7 @@ CONTRASTIVE = {"benchmark": "contrastive", "parts": ["text", "clip"], "torch_thr
                         _contrastive_part("base", 1.0, 2.0, symmetric=True)]}
 GEMM = {"benchmark": "gemm", "shapes": [
     {"shape": "bart_ffn_in", "kind": "forward", "ratio": 0.8},
-    {"shape": "bart_ffn_in", "kind": "weight_gradient", "ratio": 1.25}],
+    {"shape": "bart_ffn_in", "kind": "weight_gradient", "ratio": 1.25, "plain_ratio": 0.5}],
     "summary": {"ours_gflops": 300.0, "reference_gflops": 300.0, "ratio": 1.0,
                 "max_relative_difference": 7.1e-7}}
 _DATA_STEP = {"seconds": 7.4, "peak_gb": 0.02, "error": None}
@@ -166,8 +166,8 @@ def test_extractors_read_each_scripts_json():
   (gemm,) = run_all.extract_gemm(GEMM)
   assert gemm["ratio"] == 1.0 and gemm["met"] is None and gemm["unit"] == "GFLOP/s"
   assert gemm["name"] == "float32 matrix products, geometric mean of 2"
-  assert gemm["note"] == ("bart_ffn_in forward 0.80x; bart_ffn_in weight_gradient 1.25x; "
-                          "max rel. diff 7.1e-07")
+  assert gemm["note"] == ("bart_ffn_in forward 0.80x; bart_ffn_in weight_gradient 1.25x "
+                          "(plain dot 0.50x); max rel. diff 7.1e-07")
   (data,) = run_all.extract_data(DATA)
   assert data["ratio"] == pytest.approx(7.4 / 1.85) and data["met"] is None
   assert data["unit"] == "s" and "2,804,810-sentence KB (paper world)" in data["name"]
