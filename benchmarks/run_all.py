@@ -517,8 +517,8 @@ def markdown_table(results: dict[str, Any]) -> str:
   v = m["versions"]
   cpu = m.get("cpu") or {}
   described = f"{cpu.get('model') or 'CPU'} ({', '.join(cpu.get('isa') or []) or 'no AVX2'})"
-  lines = [f"{described} x{m['cpu_count']}, load average {start:.1f} -> {end:.1f}; jax {v.get('jax')}, "
-           f"torch {v.get('torch')}, transformers {v.get('transformers')}"
+  lines = [f"{described} x{m['cpu_count']}, load average {start:.1f} -> {end:.1f}; "
+           f"jax {v.get('jax')}, torch {v.get('torch')}, transformers {v.get('transformers')}"
            + f"; malloc: {m.get('malloc', 'glibc')}"
            + (f"; {host_memory.ENV_VAR}=1" if m.get("keep_freed_memory") else "")
            + ("; QUICK MODE (smoke sizes: the ratios are not the benchmarks' figures)"

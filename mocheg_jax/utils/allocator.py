@@ -23,7 +23,8 @@ import them). It returns at once when the process already runs the allocator ask
 off Linux, or when mimalloc's library is missing (cmeel-mimalloc is a dependency on Linux;
 without it the process stays on glibc). MOCHEG_JAX_MALLOC=glibc keeps glibc's malloc (and
 takes an inherited mimalloc preload off). The environment is inherited, so the
-subprocesses of a job start under the same allocator without a re-exec of their own.
+subprocesses of a job start under the same allocator without a re-exec of their own. The
+test session re-executes itself the same way (tests/conftest.py, `reexecution_needed`).
 Library users who want it start Python with LD_PRELOAD set to `mimalloc_library()` and
 MIMALLOC_PURGE_DELAY=-1.
 """
