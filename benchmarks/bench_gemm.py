@@ -35,9 +35,9 @@ if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
   allocator.run_under_preferred_allocator()
 
 import json
-import math
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -68,10 +68,6 @@ _CALLS = flags.DEFINE_integer("calls", 20, "Products per round.")
 _THREADS = flags.DEFINE_integer("threads", 2, "torch threads.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the inputs.")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/gemm.json", "JSON output path.")
-
-
-def geometric_mean(values: list[float]) -> float:
-  return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def _sides(kind: str, m: int, k: int, n: int, rng):
@@ -177,9 +173,10 @@ def main(argv: list[str]) -> None:
   torch.set_num_threads(_THREADS.value)
   rng = np.random.default_rng(_SEED.value)
   rows = [bench_shape(name, kind, rng) for name in _SHAPES.value for kind in KINDS]
-  summary = dict(ours_gflops=geometric_mean([r["ours_gflops"] for r in rows]),
-                 reference_gflops=geometric_mean([r["reference_gflops"] for r in rows]),
-                 ratio=geometric_mean([r["ratio"] for r in rows]),
+  mean = statistics.geometric_mean
+  summary = dict(ours_gflops=mean([r["ours_gflops"] for r in rows]),
+                 reference_gflops=mean([r["reference_gflops"] for r in rows]),
+                 ratio=mean([r["ratio"] for r in rows]),
                  max_relative_difference=max(r["max_relative_difference"] for r in rows))
   print(f"float32 matrix products, best of {_REPEATS.value} interleaved rounds of "
         f"{_CALLS.value} products; {_THREADS.value} torch threads; XLA cpu on {os.cpu_count()} "
