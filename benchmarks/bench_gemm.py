@@ -19,12 +19,13 @@ Each shape is timed two ways:
   `x.T @ g` (what autograd runs for a linear layer's weight), and the plain dot_general
   contracting both operands' rows (the dot matmul.py replaces on CPU: its column says
   whether the replacement pays on this CPU).
-Both sides get the same float32 inputs; their outputs are compared (largest difference
-relative to the largest magnitude). Timing: one warm-up run per side (compilation), then
---repeats rounds, alternately ours and PyTorch, each round --calls products (ours looped
-inside one jitted program: _sides says why); the best round counts. GFLOP/s = 2 M K N / time; ratio = ours / PyTorch GFLOP/s. The summary is
-the geometric mean of the ratios (no target of its own: it explains the others). torch runs
-with torch.set_num_threads(--threads); XLA's CPU client uses every CPU. Prints a table and
+Every side gets the same float32 inputs; their outputs are compared with PyTorch's (largest
+difference relative to the largest magnitude). Timing: one warm-up run per side
+(compilation), then --repeats rounds, the sides in turn, each round --calls products (ours
+looped inside one jitted program: _sides says why); the best round counts. GFLOP/s =
+2 M K N / time; ratio = ours / PyTorch GFLOP/s. The summary is the geometric mean of the
+ratios (no target of its own: it explains the others). torch runs with
+torch.set_num_threads(--threads); XLA's CPU client uses every CPU. Prints a table and
 writes JSON to --out. Not a test.
 """
 
@@ -74,12 +75,12 @@ def _sides(kind: str, m: int, k: int, n: int, rng):
   """{"ours", "reference"[, "plain"]}: callables that run the product --calls times and
   return the sum of the results; "plain" (weight gradients only) is x^T g as one
   dot_general contracting both operands' rows, the dot matmul.py's transposes replace on
-  CPU, so a run shows whether that choice still pays on this CPU. Ours is one jitted program looping inside XLA (lax.fori_loop), so the
-  time is the kernels' and not Python's dispatch per call (which, for the sub-millisecond
-  products, moved a back-to-back run of jitted calls between 0.6x and 1.03x of PyTorch from
-  run to run); each iteration scales x by a factor the compiler cannot prove to be 1, so
-  the product is not hoisted out of the loop. PyTorch's CPU calls cost a few microseconds
-  each in Python."""
+  CPU, so a run shows whether that choice still pays on this CPU. Ours (and plain) is one
+  jitted program looping inside XLA (lax.fori_loop), so the time is the kernels' and not
+  Python's dispatch per call (which, for the sub-millisecond products, moved a back-to-back
+  run of jitted calls between 0.6x and 1.03x of PyTorch from run to run); each iteration
+  scales x by a factor the compiler cannot prove to be 1, so the product is not hoisted out
+  of the loop. PyTorch's CPU calls cost a few microseconds each in Python."""
   import jax
   import jax.numpy as jnp
   import numpy as np
