@@ -176,7 +176,7 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
     manifest_lib.write_manifest(
         workdir, scale=scale, seed=seed, release=summary["release"], moved=moved,
         settings=manifest_lib.Settings(
-            rerank=retrieval["system_text"]["reranked"],
+            rerank_weight=retrieval["system_text"]["weight"],
             image_articles=retrieval["system_image"]["articles"]),
         verifier=verification["system_labels"]["stage"])
     summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(

@@ -2,11 +2,13 @@ r"""Searches the KB index for a split's claims; writes a TREC run and the result
 
   python scripts/search.py --index=INDEX_DIR --checkpoint=WORKDIR --split=test --top_k=5 \
       --run=RUN_FILE [--results=RESULT_CSV] [--release=DIR] \
-      [--rerank_checkpoint=WORKDIR --candidates=1000] [--text_run=TEXT_RUN --articles=2]
+      [--rerank_checkpoint=WORKDIR --candidates=1000 [--rerank_weight=1.0]] \
+      [--text_run=TEXT_RUN --articles=2]
 
 The index must have been built by the same retriever checkpoint (else: an error saying which
 encoder built it). Text: bi-encoder top-`candidates`, reranked by the cross-encoder to
-`top_k` when --rerank_checkpoint is given. Image: top-`top_k`; with --text_run (a text run
+`top_k` when --rerank_checkpoint is given (with --rerank_weight < 1, by the two models'
+scores fused: mocheg_jax/retrieval/fusion.py). Image: top-`top_k`; with --text_run (a text run
 of the same claims) and --articles=N, the images of the articles of each claim's top N text
 hits come first (mocheg_jax/retrieval/grounding.py). The result CSV has one row
 per claim (text and image columns; the other modality's columns of an existing file are
@@ -44,6 +46,11 @@ _RERANK = flags.DEFINE_string("rerank_checkpoint", None,
                               "A cross-encoder's training workdir (text only).")
 _CANDIDATES = flags.DEFINE_integer("candidates", 1000,
                                    "Bi-encoder candidates per claim for the reranker.")
+_RERANK_WEIGHT = flags.DEFINE_float(
+    "rerank_weight", 1.0, "With --rerank_checkpoint: the cross-encoder's share when its "
+    "and the bi-encoder's scores are fused (retrieval/fusion.py): 1 its order alone (the "
+    "paper's), 0 the bi-encoder's; the main job's choice is settings.rerank_weight in its "
+    "manifest.json.", lower_bound=0.0, upper_bound=1.0)
 _TEXT_RUN = flags.DEFINE_string("text_run", None, "A TREC text run of the same claims to "
                                 "ground an image search on (with --articles).")
 _ARTICLES = flags.DEFINE_integer("articles", 2, "With --text_run: how many of each claim's "
@@ -65,12 +72,15 @@ def main(argv: list[str]) -> None:
   ground = (system.Grounding(trec.read_run(_TEXT_RUN.value), _ARTICLES.value)
             if _TEXT_RUN.value else None)
   run = system.search_claims(trained, index, release, _SPLIT.value, _TOP_K.value,
-                             rerank=rerank, candidates=_CANDIDATES.value, ground=ground)
+                             rerank=rerank, candidates=_CANDIDATES.value, ground=ground,
+                             rerank_weight=_RERANK_WEIGHT.value)
   tag = "rerank" if rerank else "grounded" if ground else "dense"
   system.write_outputs(run, index.manifest.kind, run_path=_RUN.value,
                        results_path=_RESULTS.value, release_dir=release, tag=tag)
   print(json.dumps({"claims": len(run), "kind": index.manifest.kind, "top_k": _TOP_K.value,
-                    "reranked": bool(rerank), "grounded_articles": ground and ground.articles,
+                    "reranked": bool(rerank),
+                    "rerank_weight": _RERANK_WEIGHT.value if rerank else None,
+                    "grounded_articles": ground and ground.articles,
                     "run": _RUN.value, "results": _RESULTS.value}))
 
 

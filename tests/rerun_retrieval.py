@@ -2,10 +2,13 @@
 
     python tests/rerun_retrieval.py WORKDIR OUT.json
 
-Writes {"text": {"reranked" | "dense": {split: run}}, "images": {N: run}} where a run is
-{claim id: [[doc id, score], ...]} best first: every split of the result CSV searched
-with the bi-encoder alone and reranked (as the retrieval stage searches), and the image runs
-grounded on the text run the job chose, for every grounding the retrieval stage tries.
+Writes {"text": {"reranked" | "dense" | "system": {split: run}}, "candidates": {"first" |
+"reranked": {dev split: run}}, "images": {N: run}} where a
+run is {claim id: [[doc id, score], ...]} best first: every split of the result CSV searched
+with the bi-encoder alone, reranked, and in the order the job chose (the two fused with its
+dev-chosen weight; one of the other two at weight 0 or 1), as the retrieval stage searches,
+and the image runs grounded on the job's chosen text run, for every grounding the retrieval
+stage tries.
 
 Why a subprocess: the tests compare these runs with the job's files, and the pytest process
 compiles with other XLA flags (and 8 devices, not the job's 2), which round embeddings and
@@ -22,9 +25,10 @@ import sys
 from typing import Sequence
 
 
-def text_runs(workdir: str, splits: Sequence[str], reranked: bool) -> dict:
-  """{split: its claims' top 10 by the job's text retriever, reranked or not}; the
-  retriever, its index and the reranker are loaded once for all the splits."""
+def text_runs(workdir: str, splits: Sequence[str], weight: float) -> dict:
+  """{split: its claims' top 10 by the job's text retriever, its and the reranker's scores
+  fused with `weight` (0: the bi-encoder alone, the reranker not run; 1: the reranker's
+  order)}; the retriever, its index and the reranker are loaded once for all the splits."""
   from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.retrieval import system
   from mocheg_jax.train.restore import load_trained
@@ -33,10 +37,29 @@ def text_runs(workdir: str, splits: Sequence[str], reranked: bool) -> dict:
   index = system.open_index(text, f"{workdir}/index/text")
   release = f"{workdir}/release"
   rerank = (system.load_reranker(f"{workdir}/stages/rerank", "text", release)
-            if reranked else None)
+            if weight > 0 else None)
   return {split: system.search_claims(text, index, release, split, 10, rerank=rerank,
-                                      candidates=retrieval_stage.RERANK_CANDIDATES)
+                                      candidates=retrieval_stage.RERANK_CANDIDATES,
+                                      rerank_weight=weight)
           for split in splits}
+
+
+def candidate_runs(workdir: str, splits: Sequence[str]) -> dict:
+  """{"first" | "reranked": {split: run}}: the bi-encoder's top RERANK_CANDIDATES of every
+  claim and the reranker's order of them (the lists the job chose its fusion weight on)."""
+  from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.retrieval import system
+  from mocheg_jax.train.restore import load_trained
+
+  text = load_trained(f"{workdir}/stages/retrieval_text")
+  index = system.open_index(text, f"{workdir}/index/text")
+  release = f"{workdir}/release"
+  rerank = system.load_reranker(f"{workdir}/stages/rerank", "text", release)
+  out = {"first": {}, "reranked": {}}
+  for split in splits:
+    out["first"][split], out["reranked"][split] = system.rerank_candidates(
+        text, index, release, split, rerank, retrieval_stage.RERANK_CANDIDATES)
+  return out
 
 
 def image_runs(workdir: str, splits: Sequence[str], text: dict,
@@ -59,14 +82,17 @@ def main(workdir: str, out: str) -> None:
 
   with open(f"{workdir}/summary.json") as f:
     summary = json.load(f)
-  text = {name: text_runs(workdir, retrieval_stage.RESULTS_SPLITS, reranked)
-          for name, reranked in (("reranked", True), ("dense", False))}
-  chosen = text["reranked" if summary["retrieval_system_text"]["reranked"] else "dense"]
+  text = {name: text_runs(workdir, retrieval_stage.RESULTS_SPLITS, weight)
+          for name, weight in (("reranked", 1.0), ("dense", 0.0))}
+  weight = summary["retrieval_system_text"]["weight"]
+  text["system"] = ({1.0: text["reranked"], 0.0: text["dense"]}.get(weight)
+                    or text_runs(workdir, retrieval_stage.RESULTS_SPLITS, weight))
   images = image_runs(workdir, retrieval_stage.RESULTS_SPLITS,
-                      {c: r for run in chosen.values() for c, r in run.items()},
+                      {c: r for run in text["system"].values() for c, r in run.items()},
                       retrieval_stage.IMAGE_ARTICLES)
+  candidates = candidate_runs(workdir, [retrieval_stage.DEV_SPLIT])
   with open(out, "w") as f:
-    json.dump({"text": text, "images": images}, f)
+    json.dump({"text": text, "candidates": candidates, "images": images}, f)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def _pipeline_folder(root):
 def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
   root = _pipeline_folder(tmp_path / "run")
   manifest_lib.write_manifest(str(root), scale="tiny", seed=3,
-                              settings=manifest_lib.Settings(text_top_k=7, rerank=False))
+                              settings=manifest_lib.Settings(text_top_k=7, rerank_weight=0.0))
   read = manifest_lib.read_manifest(str(root))
   assert read.stages["verifier"] == str(root / "stages" / "verify_text_image")
   # The verifier that wrote the system labels, when not the text+image one.
@@ -33,14 +33,14 @@ def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
                                 verifier="stages/verify_text")
   (root / "stages" / "verify_text" / CHECKPOINT_DIR).mkdir(parents=True)
   manifest_lib.write_manifest(str(root), scale="tiny", seed=3, verifier="stages/verify_text",
-                              settings=manifest_lib.Settings(text_top_k=7, rerank=False,
+                              settings=manifest_lib.Settings(text_top_k=7, rerank_weight=0.6,
                                                              image_articles=2))
   read = manifest_lib.read_manifest(str(root))
   assert read.stages["verifier"] == str(root / "stages" / "verify_text")
   assert read.indexes["image"] == str(root / "index" / "image")
   assert read.release == str(root / "release")
   assert (read.scale, read.seed, read.settings.text_top_k) == ("tiny", 3, 7)
-  assert read.settings.rerank is False and read.settings.image_articles == 2
+  assert read.settings.rerank_weight == 0.6 and read.settings.image_articles == 2
   assert not (root / "manifest.json.tmp").exists()
 
 
@@ -80,12 +80,26 @@ def test_malformed_manifests_are_refused(tmp_path):
                           (dict(stages={"verifier": "x"}), r"stages lacks \['generator'"),
                           (dict(settings={"text_top_k": 0}), "text_top_k must be >= 1"),
                           (dict(settings={"rerank": 0}), "rerank must be true or false"),
+                          (dict(settings={"rerank_weight": 1.5}),
+                           r"rerank_weight must be a number in \[0, 1\]"),
+                          (dict(settings={"rerank_weight": True}), "rerank_weight must be"),
                           (dict(settings={"image_articles": -1}), "image_articles must be >= 0"),
                           (dict(settings={"top": 1}), "bad settings"),
                           (dict(release="gone"), "the release folder 'gone' is missing")):
     path.write_text(json.dumps({**good, **change}))
     with pytest.raises(MochegInputError, match=message):
       manifest_lib.read_manifest(str(root))
+
+
+def test_a_manifest_from_before_the_fused_ranking_reads_its_rerank_switch(tmp_path):
+  root = _pipeline_folder(tmp_path / "run")
+  path = root / "manifest.json"
+  manifest_lib.write_manifest(str(root), scale="tiny", seed=0)
+  written = json.loads(path.read_text())
+  for rerank, weight in ((True, 1.0), (False, 0.0)):
+    settings = {k: v for k, v in written["settings"].items() if k != "rerank_weight"}
+    path.write_text(json.dumps({**written, "settings": {**settings, "rerank": rerank}}))
+    assert manifest_lib.read_manifest(str(root)).settings.rerank_weight == weight
 
 
 def test_a_copied_folder_knows_where_it_was_written(tmp_path):

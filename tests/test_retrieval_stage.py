@@ -2,29 +2,70 @@
 
 import pytest
 
+from mocheg_jax.retrieval import fusion
 from mocheg_jax.retrieval import stage as retrieval_stage
 
 BI, CROSS = retrieval_stage.BI_ENCODER, retrieval_stage.RERANKED
 
 
-@pytest.mark.parametrize("bi, cross, reranked", [
-    (("dev/recall@5", 0.85), ("dev/recall@5", 0.68), False),  # The small world's case.
-    (("dev/recall@5", 0.70), ("dev/recall@5", 0.90), True),   # A pretrained cross-encoder.
-    (("dev/recall@5", 0.80), ("dev/recall@5", 0.80), True),   # A tie keeps the paper's.
-    (("dev/recall@5", 0.85), ("dev/ndcg@10", 0.50), True),    # Not comparable.
-    (("dev/recall@5", 0.85), None, True),                     # The reranker never evaluated.
+# Two dev claims' bi-encoder candidates (7 each) and the cross-encoder's order of them:
+# the reverse, with uneven logits.
+IDS = {"1": list("abcdefg"), "2": list("hijklmn")}
+FIRST = {c: [(d, 1.0 - 0.1 * i) for i, d in enumerate(ids)] for c, ids in IDS.items()}
+RERANKED = {c: [(d, float(i * i)) for i, d in enumerate(ids)][::-1] for c, ids in IDS.items()}
+
+
+@pytest.mark.parametrize("qrels, winner", [
+    ({1: {"a": 1}, 2: {"h": 1}}, BI),  # Top 1 of the bi-encoder, last of the reranker.
+    ({1: {"g": 1}, 2: {"n": 1}}, CROSS),  # The other way round.
+    ({3: {"a": 1}}, None),  # No judged dev claim: the paper's reranking stands, unmeasured.
 ])
-def test_the_reranker_is_used_unless_the_bi_encoder_did_better_on_dev(
-    monkeypatch, bi, cross, reranked):
-  scores = {"text_dir": bi, "rerank_dir": cross}
-  monkeypatch.setattr(retrieval_stage, "best_score", scores.__getitem__)
-  choice = retrieval_stage.choose_text_system("text_dir", "rerank_dir")
-  assert choice["reranked"] is reranked
-  assert choice["system"] == (CROSS if reranked else BI)
-  assert choice["dev"] == {BI: bi and bi[1], CROSS: cross and cross[1]}
-  assert choice["metric"] == (bi[0] if cross and cross[0] == bi[0] else None)
+def test_the_text_ranking_is_the_pure_order_with_the_best_dev_recall(qrels, winner):
+  choice = retrieval_stage.choose_text_system(FIRST, RERANKED, qrels)
+  assert choice["reranked"] is (choice["weight"] > 0)
+  assert choice["system"] == retrieval_stage.text_system_name(choice["weight"])
   described = retrieval_stage.describe_choice(choice)
-  assert described.startswith(choice["system"]) and f"{BI} {bi[1]:.4f}" in described
+  assert described.startswith(choice["system"])
+  if winner is None:
+    assert choice["weight"] == choice["fused_weight"] == 1.0 and choice["system"] == CROSS
+    assert choice["dev"] == {BI: None, CROSS: None} and "no shared dev metric" in described
+    return
+  assert choice["system"] == winner and choice["weight"] == (0.0 if winner == BI else 1.0)
+  loser = CROSS if winner == BI else BI
+  assert choice["dev"][winner] == 1.0 and choice["dev"][loser] == 0.0
+  assert f"{BI} {choice['dev'][BI]:.4f}" in described
+  # Every fusion weight scored; the best (ties: the larger) is Table 3's mix.
+  mixes = fusion.choose_weight(FIRST, RERANKED, {str(k): v for k, v in qrels.items()})
+  assert choice["dev_by_weight"] == {f"{w:.1f}": v for w, v in mixes["by_weight"].items()}
+  assert choice["fused_weight"] == mixes["weight"]
+  if 0.0 < mixes["weight"] < 1.0:
+    assert choice["dev"][retrieval_stage.fused_name(mixes["weight"])] == 1.0
+
+
+def test_the_system_may_be_a_mix_when_the_weights_allow_it():
+  qrels = {1: {"a": 1}, 2: {"n": 1}}  # Each model right once: only a mix gets both.
+  pure = retrieval_stage.choose_text_system(FIRST, RERANKED, qrels)
+  assert pure["weight"] == 1.0 and pure["dev"][CROSS] == pure["dev"][BI] == 0.5  # A tie.
+  mixed = retrieval_stage.choose_text_system(FIRST, RERANKED, qrels, weights=fusion.WEIGHTS)
+  assert 0.0 < mixed["weight"] == mixed["fused_weight"] < 1.0
+  assert mixed["system"] == retrieval_stage.fused_name(mixed["weight"])
+  assert mixed["dev"][mixed["system"]] == 1.0 and mixed["reranked"]
+
+
+def test_recall_at_5_decides_and_a_mix_is_named_with_its_weight():
+  # Two claims with one relevant sentence each, at rank 6 of one model and 1-2 of the other.
+  ids = [f"s{i}" for i in range(8)]
+  first = {"1": [(d, 1.0 - 0.1 * i) for i, d in enumerate(ids)],
+           "2": [(d, 1.0 - 0.1 * i) for i, d in enumerate(ids)]}
+  logits = {"1": [7, 6, 5, 4, 3, 2, 1, 0], "2": [0, 1, 2, 3, 4, 8, 6, 5]}
+  reranked = {c: sorted(zip(ids, map(float, v)), key=lambda t: -t[1]) for c, v in logits.items()}
+  qrels = {1: {"s5": 1}, 2: {"s5": 1}}  # Claim 1: s5 is 6th for both; claim 2: 1st reranked.
+  choice = retrieval_stage.choose_text_system(first, reranked, qrels)
+  assert choice["dev"][BI] == 0.0 and choice["dev"][CROSS] == 0.5
+  assert choice["weight"] == 1.0  # No mix gets claim 1's s5 into the top 5 either.
+  names = {retrieval_stage.text_system_name(w) for w in fusion.WEIGHTS}
+  assert len(names) == len(fusion.WEIGHTS)
+  assert retrieval_stage.fused_name(0.6) == f"{CROSS} (fused, w 0.6)"
 
 
 def test_the_image_ranking_is_the_one_with_the_best_dev_recall_ties_to_fewer_articles():

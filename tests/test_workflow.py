@@ -43,7 +43,7 @@ def _original_aside(workdir: pathlib.Path):
 
 
 def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
-  from mocheg_jax.retrieval.stage import image_system_name
+  from mocheg_jax.retrieval.stage import fused_name, image_system_name
 
   workdir, summary, text = main_job
   assert "| refuted / supported / NEI |" in text and "KB: " in text
@@ -53,9 +53,12 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   assert sum(summary["splits"][s]["claims"] for s in ("train", "val", "test")) >= 90
   systems = {(r["system"], r["modality"]) for r in summary["retrieval"]}
   grounded = image_system_name(summary["retrieval_system_image"]["best_grounded"])
+  choice = summary["retrieval_system_text"]
+  fused = {(fused_name(w), "text") for w in (choice["weight"], choice["fused_weight"])
+           if 0 < w < 1}
   assert systems == {("BM25", "text"), ("SBERT zero-shot", "text"), ("SBERT fine-tuned", "text"),
                      ("SBERT + rerank", "text"), ("CLIP fine-tuned", "image"),
-                     (grounded, "image")}
+                     (grounded, "image")} | fused
   assert "| SBERT + rerank | text | 5 |" in text  # Table 3 printed.
   table4 = {(r["system"], r["evidence"]) for r in summary["verification"]}
   assert table4 == {("Majority", "-"), ("Average similarity", "gold"),
@@ -144,6 +147,9 @@ def test_search_and_index_scripts(main_job, tmp_path):
               "grounding on text evidence ranks images, but the index holds texts")
   _fails_with(_script("search.py", f"--index={index / 'text'}", image, f"--run={run}"),
               "the index was built by another encoder")
+  _fails_with(_script("search.py", f"--index={index / 'text'}", text, f"--run={run}",
+                      f"--rerank_checkpoint={stages / 'rerank'}", "--rerank_weight=1.5"),
+              "--rerank_weight=1.5: 1.5 is not a number in the range [0.0, 1.0]")
   _fails_with(_script("search.py", f"--index={index / 'image'}", image, rerank.replace(
       "--checkpoint", "--rerank_checkpoint"), f"--run={run}"),
               "a reranker reorders text evidence, but the index holds images")
@@ -167,8 +173,9 @@ def test_search_and_index_scripts(main_job, tmp_path):
 @pytest.fixture(scope="module")
 def rerun(main_job) -> dict:
   """tests/rerun_retrieval.py's runs on the main job, searched in the job's environment:
-  {"text": {"reranked" | "dense": {split: run}}, "images": {N: run}}, a run {claim id:
-  [(doc id, score)] best first}."""
+  {"text": {"reranked" | "dense" | "system": {split: run}}, "candidates": {"first" |
+  "reranked": {dev split: run}}, "images": {N: run}}, a run {claim id: [(doc id, score)]
+  best first}."""
   root = main_job[0].parent
   out, logs = root / "rerun.json", root / "rerun_logs"
   logs.mkdir(exist_ok=True)
@@ -181,8 +188,8 @@ def rerun(main_job) -> dict:
   def tuples(run):
     return {claim: [(d, s) for d, s in ranked] for claim, ranked in run.items()}
 
-  return {"text": {name: {split: tuples(run) for split, run in splits.items()}
-                   for name, splits in found["text"].items()},
+  return {key: {name: {split: tuples(run) for split, run in splits.items()}
+                for name, splits in found[key].items()} for key in ("text", "candidates")} | {
           "images": {int(n): tuples(run) for n, run in found["images"].items()}}
 
 
@@ -199,8 +206,8 @@ def _assert_same_run(run: dict, expected: dict) -> None:
 
 def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job, rerun):
   """The result CSV's text columns (system evidence of Tables 4 and 5), for the test, dev
-  and train claims, are the reranked runs or the bi-encoder's, as `choose_text_system`
-  decided from the dev scores; the system labels come from the verifier
+  and train claims, are the bi-encoder's and the reranker's scores fused with the weight
+  `choose_text_system` chose from the dev claims' lists; the system labels come from the verifier
   `choose_system_verifier` picked on the dev claims' system evidence (one of them trained on
   the train claims' rows); the manifest tells the fact-checker both."""
   from mocheg_jax.retrieval import stage as retrieval_stage
@@ -209,14 +216,15 @@ def test_system_evidence_and_labels_are_the_ones_chosen_on_dev(main_job, rerun):
 
   workdir, summary, text = main_job
   choice = summary["retrieval_system_text"]
+  dev = {split: runs[retrieval_stage.DEV_SPLIT] for split, runs in rerun["candidates"].items()}
   assert choice == retrieval_stage.choose_text_system(
-      str(workdir / "stages" / "retrieval_text"), str(workdir / "stages" / "rerank"))
+      dev["first"], dev["reranked"],
+      MochegRelease(workdir / "release").text_qrels(retrieval_stage.DEV_SPLIT))
   assert all(isinstance(v, float) for v in choice["dev"].values())
   manifest = manifest_lib.read_manifest(str(workdir))
-  assert manifest.settings.rerank == choice["reranked"]
+  assert manifest.settings.rerank_weight == choice["weight"]
   assert f"system text evidence: {retrieval_stage.describe_choice(choice)}" in text
-  expected = {claim: ranked for run in
-              rerun["text"]["reranked" if choice["reranked"] else "dense"].values()
+  expected = {claim: ranked for run in rerun["text"]["system"].values()
               for claim, ranked in run.items()}
   csv_rows = read_results(workdir / "runs" / "retrieval_results.csv")
   _assert_same_run({str(c): list(zip(r.text_ids, r.text_scores)) for c, r in csv_rows.items()},
@@ -249,8 +257,8 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   """The pipeline folder checks the test claims exactly as the stages scored them: the
   system text evidence (reranked or not, as the manifest says), the image run, the system
   labels (the chosen verifier on system evidence) and the NLL generator's explanations
-  with system evidence and labels. With the other reranking setting, the text evidence is
-  the other ranking."""
+  with system evidence and labels. With another fusion weight, the text evidence is that
+  weight's ranking."""
   import csv
   import dataclasses
 
@@ -263,8 +271,10 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   claims = MochegRelease(workdir / "release").claims("test")
   manifest = manifest_lib.read_manifest(str(workdir))
   checker = FactChecker.load(str(workdir))
+  weight = manifest.settings.rerank_weight
+  other_weight = 0.0 if 0 < weight < 1 else 0.5  # The other path: a mix, or no reranking.
   other = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
-      manifest.settings, rerank=not manifest.settings.rerank)))
+      manifest.settings, rerank_weight=other_weight)))
   try:
     results = checker.check_many([c.claim for c in claims])
     with_image = checker.check(claims[0].claim, image=str(
@@ -276,16 +286,16 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   _assert_same_run(trec.read_run(workdir / "runs" / "text.run"),
                    rerun["text"]["reranked"]["test"])
   # The checkers ran in this process: compared with this process's searches.
-  runs = {r: rerun_retrieval.text_runs(str(workdir), ["test"], r)["test"]
-          for r in (True, False)}
-  text_run = runs[manifest.settings.rerank]
+  runs = {w: rerun_retrieval.text_runs(str(workdir), ["test"], w)["test"]
+          for w in (weight, other_weight)}
+  text_run = runs[weight]
   # Images likewise (the job's own image run, from 2 devices, is checked against a re-search
   # in its environment above; near-tied images may swap between device layouts).
   articles = manifest.settings.image_articles
   image_run = rerun_retrieval.image_runs(str(workdir), ["test"], text_run, [articles])[articles]
   for claim, evidence in zip(claims, other_texts):
     assert [(e.id, pytest.approx(e.score, abs=1e-4)) for e in evidence] == \
-        runs[not manifest.settings.rerank][str(claim.claim_id)]
+        runs[other_weight][str(claim.claim_id)]
   labels = read_predictions(workdir / "runs" / "verify_results.csv")
   with open(workdir / "runs" / "explanations" /
             "explain_nll-system_evidence-system_labels.csv") as f:
@@ -301,13 +311,14 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
                                                                 abs=1e-5)
     assert result.explanation == explanations[claim.claim_id]
   # The main job's own sample checks (a batch of 3, not of the whole split: scores agree to
-  # float rounding).
+  # float rounding; a fused text score standardises the cosines, whose spread over a claim's
+  # candidates is small, so their rounding grows in it).
   sample, first = summary["fact_checks"][0], results[0].to_json()
   for key in ("claim", "label", "explanation"):
     assert sample[key] == first[key]
-  for key in ("text_evidence", "image_evidence"):
+  for key, tolerance in (("text_evidence", 1e-4), ("image_evidence", 1e-5)):
     assert [e["score"] for e in sample[key]] == pytest.approx(
-        [e["score"] for e in first[key]], abs=1e-5)
+        [e["score"] for e in first[key]], abs=tolerance)
     assert [{**e, "score": 0} for e in sample[key]] == [{**e, "score": 0} for e in first[key]]
   # A claim's own image comes first among its image evidence, scored by the same CLIP.
   assert with_image.image_evidence[0].file.startswith(str(workdir))

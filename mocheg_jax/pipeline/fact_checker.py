@@ -6,9 +6,10 @@
 
 For each claim, in one batch per step:
 1. text evidence: the text retriever's bi-encoder searches the KB index for
-   `text_candidates` sentences, the cross-encoder reorders them, the best `text_top_k` are
-   kept (what Table 3's "SBERT + rerank" row scores); without `settings.rerank` (the main
-   job found the reranker worse on dev) the bi-encoder's best `text_top_k` are;
+   `text_candidates` sentences, the cross-encoder scores them, and the best `text_top_k`
+   by the two scores fused with `settings.rerank_weight` are kept (retrieval/fusion.py;
+   the weight the main job chose on dev: at 1 the paper's reranked order, Table 3's
+   "SBERT + rerank" row; at 0 the bi-encoder's alone, and the cross-encoder is not run);
 2. image evidence: the image retriever (CLIP) searches the KB images, those of the
    articles of the best `image_articles` text hits first when the main job found that
    better on dev (retrieval/grounding.py); an image given with the claim is scored by the
@@ -49,6 +50,7 @@ from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.explanation import stage as explanation_stage
 from mocheg_jax.models import encoding
 from mocheg_jax.pipeline import manifest as manifest_lib
+from mocheg_jax.retrieval import fusion
 from mocheg_jax.retrieval import grounding
 from mocheg_jax.retrieval import rerank as rerank_lib
 from mocheg_jax.retrieval import search as search_lib
@@ -157,7 +159,7 @@ class FactChecker:
                       else None)
     self._release = release
     self._reranker = (rerank_lib.load_reranker(stages["reranker"], moved=moved)
-                      if self.settings.rerank else None)
+                      if self.settings.rerank_weight > 0 else None)
     self._verifier_run = load_trained(stages["verifier"], moved=moved)
     self._generator = load_trained(stages["generator"], moved=moved)
     if cache_dir is None:
@@ -216,7 +218,9 @@ class FactChecker:
       hits = search_lib.search(queries, self._text_index,
                                max(s.text_candidates, s.text_top_k))
       candidates = [[(doc, self._kb_texts[doc]) for doc, _ in ranked] for ranked in hits]
-      ranked_hits = self._reranker(claims, candidates, top_k=s.text_top_k)
+      reranked = self._reranker(claims, candidates)
+      ranked_hits = [fusion.fuse(first, cross, s.rerank_weight, s.text_top_k)
+                     for first, cross in zip(hits, reranked)]
     return [[TextEvidence(doc, self._kb_texts[doc], float(score)) for doc, score in ranked]
             for ranked in ranked_hits]
 

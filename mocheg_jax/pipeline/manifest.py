@@ -48,20 +48,22 @@ class Settings:
   verifier_texts: int = 5  # Of those, what the verifier reads (verification's system
   verifier_images: int = 5  # evidence: evidence.system_evidence's defaults).
   generator_texts: int = 5  # Sentences the generator reads (explanation.inputs.TOP_TEXT).
-  # Whether the cross-encoder reorders the bi-encoder's hits: the main job turns it off when
-  # the reranker did worse on dev than the bi-encoder alone (retrieval.stage
+  # How the text hits are ordered: the bi-encoder's and the cross-encoder's scores fused
+  # (retrieval/fusion.py), 1 the cross-encoder's order (the paper's), 0 the bi-encoder's
+  # (no reranking). The main job sets what did best on dev (retrieval.stage
   # .choose_text_system), so that the checker reads the evidence the tables scored.
-  rerank: bool = True
+  rerank_weight: float = 1.0
   # The image search grounded on the text evidence: the images of the articles of the top
   # N text hits first (retrieval/grounding.py); 0: the paper's global CLIP ranking. The main
   # job sets what did best on dev (retrieval.stage.choose_image_system).
   image_articles: int = 0
 
   def __post_init__(self):
-    if not isinstance(self.rerank, bool):
-      raise ValueError(f"Settings.rerank must be true or false, got {self.rerank!r}")
+    weight = self.rerank_weight
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
+      raise ValueError(f"Settings.rerank_weight must be a number in [0, 1], got {weight!r}")
     for field in dataclasses.fields(self):
-      if field.name == "rerank":
+      if field.name == "rerank_weight":
         continue
       least = 0 if field.name == "image_articles" else 1
       if getattr(self, field.name) < least:
@@ -139,6 +141,17 @@ def _relative_paths(data: dict, key: str, names: dict, path: str) -> dict[str, s
   return {name: section[name] for name in names}
 
 
+def _current_settings(settings: dict) -> dict:
+  """Settings as written before the fused ranking: `rerank` true / false is weight 1 / 0."""
+  if isinstance(settings, dict) and "rerank" in settings and "rerank_weight" not in settings:
+    settings = dict(settings)
+    rerank = settings.pop("rerank")
+    if not isinstance(rerank, bool):
+      raise ValueError(f"Settings.rerank must be true or false, got {rerank!r}")
+    settings["rerank_weight"] = 1.0 if rerank else 0.0
+  return settings
+
+
 def read_manifest(pipeline_dir: str) -> Manifest:
   """The manifest of `pipeline_dir`, every part checked to be there.
 
@@ -164,7 +177,7 @@ def read_manifest(pipeline_dir: str) -> Manifest:
   stages = _relative_paths(data, "stages", STAGES, path)
   indexes = _relative_paths(data, "indexes", INDEXES, path)
   try:
-    settings = Settings(**data.get("settings", {}))
+    settings = Settings(**_current_settings(data.get("settings", {})))
   except (TypeError, ValueError) as e:
     raise MochegInputError(f"{path}: bad settings ({e})") from None
 

@@ -16,6 +16,7 @@ import numpy as np
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.metrics import trec
+from mocheg_jax.retrieval import fusion
 from mocheg_jax.retrieval import grounding as grounding_lib
 from mocheg_jax.retrieval import index as index_lib
 from mocheg_jax.retrieval import results as results_lib
@@ -127,20 +128,31 @@ class Grounding:
 def search_claims(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
                   split: str, k: int,
                   rerank: Callable[[list[str], Run], Run] | None = None,
-                  candidates: int = 1000, ground: Grounding | None = None) -> Run:
+                  candidates: int = 1000, ground: Grounding | None = None,
+                  rerank_weight: float = 1.0) -> Run:
   """claim_id -> [(doc id, score)] best first, for every claim of `split`.
 
-  With `rerank(claims, run)`, the dense search returns `candidates` per claim and the
-  reranker's order is cut to `k`. With `ground` (an image index only), the images of the
-  articles the claim's text evidence came from are ranked first (grounding.py).
+  With `rerank(claims, run)`, the dense search returns `candidates` per claim, ordered by
+  its and the reranker's scores fused with `rerank_weight` (fusion.py; 1: the reranker's
+  order) and cut to `k`. With `ground` (an image index only), the images of the articles
+  the claim's text evidence came from are ranked first (grounding.py).
   """
   depth = max(k, candidates) if rerank is not None else k
   claims, queries, run = _dense_search(trained, index, release_dir, split, depth)
   if rerank is not None:
-    run = {q: ranked[:k] for q, ranked in rerank(claims, run).items()}
+    run = fusion.fuse_run(run, rerank(claims, run), rerank_weight, k)
   if ground is not None and ground.articles > 0:
     run = _grounded(run, queries, index, ground, k)
   return run
+
+
+def rerank_candidates(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
+                      split: str, rerank: Callable[[list[str], Run], Run],
+                      candidates: int) -> tuple[Run, Run]:
+  """The bi-encoder's top `candidates` for every claim of `split` and the reranker's order
+  of the same lists (uncut): the two inputs of `fusion.fuse_run`."""
+  claims, _, run = _dense_search(trained, index, release_dir, split, candidates)
+  return run, rerank(claims, run)
 
 
 def search_grounded(trained: Trained, index: index_lib.EmbeddingIndex, release_dir: str,
