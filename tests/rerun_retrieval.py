@@ -25,11 +25,9 @@ import sys
 from typing import Sequence
 
 
-def text_runs(workdir: str, splits: Sequence[str], weight: float) -> dict:
-  """{split: its claims' top 10 by the job's text retriever, its and the reranker's scores
-  fused with `weight` (0: the bi-encoder alone, the reranker not run; 1: the reranker's
-  order)}; the retriever, its index and the reranker are loaded once for all the splits."""
-  from mocheg_jax.retrieval import stage as retrieval_stage
+def _text_search(workdir: str, reranked: bool):
+  """The job's text retriever, its index, the release folder and (`reranked`) the
+  reranker, loaded once for all the splits searched."""
   from mocheg_jax.retrieval import system
   from mocheg_jax.train.restore import load_trained
 
@@ -37,7 +35,18 @@ def text_runs(workdir: str, splits: Sequence[str], weight: float) -> dict:
   index = system.open_index(text, f"{workdir}/index/text")
   release = f"{workdir}/release"
   rerank = (system.load_reranker(f"{workdir}/stages/rerank", "text", release)
-            if weight > 0 else None)
+            if reranked else None)
+  return text, index, release, rerank
+
+
+def text_runs(workdir: str, splits: Sequence[str], weight: float) -> dict:
+  """{split: its claims' top 10 by the job's text retriever, its and the reranker's scores
+  fused with `weight` (0: the bi-encoder alone, the reranker not run; 1: the reranker's
+  order)}."""
+  from mocheg_jax.retrieval import stage as retrieval_stage
+  from mocheg_jax.retrieval import system
+
+  text, index, release, rerank = _text_search(workdir, weight > 0)
   return {split: system.search_claims(text, index, release, split, 10, rerank=rerank,
                                       candidates=retrieval_stage.RERANK_CANDIDATES,
                                       rerank_weight=weight)
@@ -49,12 +58,8 @@ def candidate_runs(workdir: str, splits: Sequence[str]) -> dict:
   claim and the reranker's order of them (the lists the job chose its fusion weight on)."""
   from mocheg_jax.retrieval import stage as retrieval_stage
   from mocheg_jax.retrieval import system
-  from mocheg_jax.train.restore import load_trained
 
-  text = load_trained(f"{workdir}/stages/retrieval_text")
-  index = system.open_index(text, f"{workdir}/index/text")
-  release = f"{workdir}/release"
-  rerank = system.load_reranker(f"{workdir}/stages/rerank", "text", release)
+  text, index, release, rerank = _text_search(workdir, True)
   out = {"first": {}, "reranked": {}}
   for split in splits:
     out["first"][split], out["reranked"][split] = system.rerank_candidates(

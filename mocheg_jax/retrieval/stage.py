@@ -167,16 +167,14 @@ def _evaluate(workdir: str, text_dir: str, rerank_dir: str, image_dir: str,
       score(fused_name(w), {"text": fusion.fuse_run(*candidates[SPLIT], w, TOP_K)},
             {"text": encode_text})
 
-  def system_run(split: str) -> system.Run:
-    """The split's system text evidence: its candidates in the chosen order."""
-    if split in candidates:
-      return fusion.fuse_run(*candidates[split], weight, TOP_K)
-    if weight == 0.0:  # The bi-encoder's order: no reranking needed.
-      return system.search_claims(text, text_index, release_dir, split, TOP_K)
-    return fusion.fuse_run(*system.rerank_candidates(
-        text, text_index, release_dir, split, reranker, RERANK_CANDIDATES), weight, TOP_K)
-
-  system_text = {split: system_run(split) for split in RESULTS_SPLITS}
+  # The other claims of the result CSV are searched the same way (the bi-encoder's order
+  # needs no reranking).
+  system_text = {split: fusion.fuse_run(*candidates[split], weight, TOP_K)
+                 if split in candidates else
+                 system.search_claims(text, text_index, release_dir, split, TOP_K,
+                                      rerank=reranker if weight > 0.0 else None,
+                                      candidates=RERANK_CANDIDATES, rerank_weight=weight)
+                 for split in RESULTS_SPLITS}
   system.write_outputs(_merged(system_text), "text", run_path=None, results_path=results_csv,
                        release_dir=release_dir, tag="system")
 

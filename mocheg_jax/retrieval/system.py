@@ -25,7 +25,7 @@ from mocheg_jax.train.data import prepared_data
 from mocheg_jax.train.restore import Trained
 from mocheg_jax.utils import paths
 
-Run = dict[str, list[tuple[str, float]]]
+Run = fusion.Run  # claim id -> [(doc id, score)] best first.
 
 
 def release_of(trained: Trained, release: str | None = None) -> str:
