@@ -241,6 +241,36 @@ def test_a_finished_training_reruns_without_building_anything(one_device_run, mo
   assert built == [config.task]
 
 
+def test_a_training_whose_input_file_changed_is_moved_aside_and_trained_anew(tmp_path):
+  data = tmp_path / "evidence.csv"
+  data.write_text("claim_id,evidence\n1,a\n")
+  workdir = tmp_path / "run"
+  config = toy_config(**{"mesh.data": 1, "total_steps": 4, "toy.input_file": str(data)})
+  lines = []
+  run = lambda: loop.train(config, str(workdir), devices=jax.devices()[:1], log=lines.append)
+  first = run()
+  assert first.status == "finished" and first.metrics  # Trained, not "finished before".
+  first_params = final_params(workdir)
+  assert run().metrics == {}  # The same contents: finished before, nothing trained.
+
+  data.write_text("claim_id,evidence\n1,b\n")  # The same path, other contents.
+  lines.clear()
+  again = run()
+  assert again.status == "finished" and again.metrics  # Trained anew.
+  aside = workdir / "stale-1"
+  assert any("changed since it was trained" in line and str(aside) in line for line in lines)
+  assert_same_arrays(final_params(aside), first_params)  # The old training is kept whole.
+  assert len(read_metrics(aside)) == len(read_metrics(workdir))
+  assert json.loads((workdir / "inputs.json").read_text())[0]["path"] == str(data)
+  assert run().metrics == {} and not (workdir / "stale-2").exists()
+
+  # A training written before inputs were recorded is taken as current, and recorded.
+  (workdir / "inputs.json").unlink()
+  lines.clear()
+  assert run().metrics == {} and any("taken as current" in line for line in lines)
+  assert (workdir / "inputs.json").exists() and not (workdir / "stale-2").exists()
+
+
 @pytest.mark.parametrize("name", sorted(MESHES))
 def test_mesh_equivalence_and_compiles_once(name, one_device_run, tmp_path, monkeypatch):
   data, fsdp, tensor = MESHES[name]

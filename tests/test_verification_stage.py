@@ -5,6 +5,7 @@ import types
 import numpy as np
 import pytest
 
+from mocheg_jax.train import task as task_lib
 from mocheg_jax.verification import stage as verification_stage
 from mocheg_jax.verification.evidence import ClaimEvidence
 
@@ -64,6 +65,8 @@ def test_each_verifier_trains_in_a_folder_of_its_own_on_its_evidence(tmp_path):
     assert config.verify.item_context == config.verify.item_gate == (name == SYSTEM)
     assert config.verify.train_also_gold == (name == SYSTEM)
     assert config.ema_decay == (0.99 if name == SYSTEM else 0.0)
+    # The result CSV's contents are recorded: a rerun after it changed trains anew.
+    assert task_lib.input_files(config) == ([csv] if name == SYSTEM else [])
 
 
 class _SavedConfig:

@@ -2,7 +2,7 @@
 
 The label is the first token mod 3 (what the pooled [CLS] position sees), so the loss falls
 within a few dozen steps. Knobs in `config.toy`: dropout, a per-batch sleep (to give a kill
-signal time to land) and a step from which the loss becomes NaN.
+signal time to land), a step from which the loss becomes NaN, and an input file.
 """
 
 from __future__ import annotations
@@ -41,7 +41,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.toy.sleep_s = 0.0
   c.toy.nan_from_batch = -1  # Global batch index from which the loss is NaN (-1: never).
   c.toy.dev_scores = ""  # Comma-separated "dev/score" per step (1-based), for early stopping.
+  c.toy.input_file = ""  # A data file named by path only (train/inputs.py); not read.
   return c
+
+
+def input_files(config: ml_collections.ConfigDict) -> list[str]:
+  return [config.toy.input_file] if config.toy.input_file else []
 
 
 def example(index: int) -> dict[str, np.ndarray]:

@@ -14,7 +14,6 @@ computed, delete WORKDIR/evaluations/ (or one stage's file) to compute it again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Callable, Sequence
@@ -38,17 +37,9 @@ def trained(stage_dir: str) -> dict:
     checkpoints.close()
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def file(path: str) -> dict:
   """An input file by content (a missing one recorded as such)."""
-  return {"path": path, "sha256": _sha256(path) if os.path.isfile(path) else None}
+  return {"path": path, "sha256": files.sha256(path) if os.path.isfile(path) else None}
 
 
 def folder_sizes(folder: str) -> dict[str, int]:
@@ -63,7 +54,7 @@ def _output_digest(workdir: str, relative: str) -> object:
   gigabytes); None when missing."""
   path = os.path.join(workdir, relative)
   if os.path.isfile(path):
-    return _sha256(path)
+    return files.sha256(path)
   if os.path.isdir(path):
     return sorted([os.path.relpath(os.path.join(root, name), path),
                    os.path.getsize(os.path.join(root, name))]

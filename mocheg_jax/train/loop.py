@@ -4,7 +4,8 @@ The loop is host bookkeeping around one jitted step. It reads the device only at
 evaluation and checkpoint steps, so the host runs ahead and dispatch overlaps compute.
 Resuming is automatic: if WORKDIR/checkpoints holds a step, the state and the input
 position are restored from it and the run continues as if never stopped; a run of the same
-config that already reached its last step returns at once.
+config that already reached its last step returns at once, unless the data files it read
+changed since (train/inputs.py: the old training is then moved aside).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mocheg_jax.parallel import distributed
 from mocheg_jax.parallel import mesh as mesh_lib
 from mocheg_jax.parallel import rules as rules_lib
 from mocheg_jax.train import config as config_lib
+from mocheg_jax.train import inputs as inputs_lib
 from mocheg_jax.train import optim
 from mocheg_jax.train import state as state_lib
 from mocheg_jax.train import task as task_lib
@@ -225,6 +227,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   primary = distributed.is_primary()
   say = log if primary else (lambda _: None)
   os.makedirs(workdir, exist_ok=True)
+  inputs_lib.check(config, workdir, say)
   finished = _finished_before(config, workdir)
   if finished is not None:
     say(f"finished before: {os.path.join(workdir, CHECKPOINT_DIR)}/{finished} is the last "

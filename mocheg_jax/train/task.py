@@ -112,3 +112,14 @@ def config_defaults(name: str) -> dict:
     return {}
   return {key: value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
           for key, value in defaults().items()}
+
+
+def input_files(config: ml_collections.ConfigDict) -> list[str]:
+  """The data files the task's training reads that its config names by path only (their
+  contents are recorded: train/inputs.py); [] when the task module declares none.
+
+  A task module may define `input_files(config) -> list[str]`.
+  """
+  module, _ = _module_and_attr(config.task)
+  declared = getattr(module, "input_files", None)
+  return [] if declared is None else list(declared(config))

@@ -8,6 +8,7 @@ is flushed to disk, and is then renamed over it (`os.replace` is atomic within a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -52,3 +53,12 @@ def write_json(path: str | os.PathLike, data: Any, **dump_kwargs) -> None:
   """`data` as JSON into `path`, atomically (`dump_kwargs` go to json.dump)."""
   with atomic_open(path) as f:
     json.dump(data, f, **dump_kwargs)
+
+
+def sha256(path: str | os.PathLike) -> str:
+  """A file's sha256 (hex), read in blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()

@@ -125,6 +125,12 @@ def verify_config() -> ml_collections.ConfigDict:
   return v
 
 
+def input_files(config: ml_collections.ConfigDict) -> list[str]:
+  """The result CSV of a verifier trained on system evidence (train/inputs.py): a rerun
+  after the retrieval stage rewrote it trains anew instead of keeping the old model."""
+  return [] if config.verify.evidence == GOLD else [config.verify.evidence]
+
+
 def config_defaults() -> dict:
   """This task's config sections (train.task.config_defaults: old checkpoints still load)."""
   return {"verify": verify_config()}
