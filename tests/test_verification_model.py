@@ -188,6 +188,29 @@ def test_benchmark_batched_torch_matches_ours_with_gradients():
                                atol=1e-5, rtol=1e-4)
   # The batch really holds each path: both modalities, text only, image only, neither.
   assert np.abs(np.asarray(grads.classifier_single.bias[...])).max() > 1e-4
+  # The attentions' projections, which ours applies on the claim's side (stance._attend):
+  # the same gradients as the reference's projected keys and values. The key bias has none
+  # (the softmax ignores it), in the reference up to rounding.
+  mha = ref.txt_multihead_attn
+  d = mha.embed_dim
+  for attention, torch_attention, weights in (
+      (grads.text_attention, mha, dict(zip(("query", "key", "value"),
+                                           mha.in_proj_weight.grad.split(d)))),
+      (grads.image_attention, ref.img_multihead_attn,
+       {n: getattr(ref.img_multihead_attn, f"{n[0]}_proj_weight").grad
+        for n in ("query", "key", "value")})):
+    biases = dict(zip(("query", "key", "value"), torch_attention.in_proj_bias.grad.split(d)))
+    for name in ("query", "key", "value"):
+      kernel = np.asarray(getattr(attention, name).kernel[...])
+      np.testing.assert_allclose(weights[name].numpy().T, kernel.reshape(kernel.shape[0], -1),
+                                 atol=1e-5, rtol=1e-4, err_msg=name)
+      np.testing.assert_allclose(biases[name].numpy(),
+                                 np.asarray(getattr(attention, name).bias[...]).reshape(-1),
+                                 atol=1e-5, rtol=1e-4, err_msg=name)
+    out = np.asarray(attention.out.kernel[...])
+    np.testing.assert_allclose(torch_attention.out_proj.weight.grad.numpy().T,
+                               out.reshape(-1, out.shape[-1]), atol=1e-5, rtol=1e-4)
+    assert np.abs(np.asarray(attention.key.kernel[...])).max() > 1e-6  # Not all zero.
 
 
 def test_single_modality_configs_match_reference():
