@@ -117,3 +117,16 @@ def test_compiled_gradient_dots_contract_the_last_axis_of_their_left_operand(k, 
   assert len(dims["ours"]) >= 2, dims  # The input gradient and the weight gradient at least.
   assert set(dims["ours"]) == {"1"}, dims
   assert "0" in dims["plain"], dims  # The plain dot's weight gradient: what this avoids.
+
+
+def test_a_materialised_operand_is_the_operand_and_kept_out_of_the_transpose():
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32))
+  materialise = jax.jit(matmul._materialised)
+  np.testing.assert_array_equal(materialise(x), x)
+  assert np.isnan(materialise(x.at[0, 0].set(jnp.nan))).all()  # Non-finite either way.
+  # The transpose of a computed operand reads a buffer: nothing is fused into it.
+  hlo = jax.jit(lambda v, b: matmul._materialised_t(jnp.tanh(v + b))).lower(
+      x, jnp.ones(5)).compile().as_text()
+  computations = hlo.split("\n\n")  # Each fused computation is a block of its own.
+  transposing = [c for c in computations if " transpose(" in c]
+  assert transposing and not any("tanh(" in c for c in transposing), transposing

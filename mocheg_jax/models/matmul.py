@@ -28,11 +28,26 @@ def _dot_t(x: jax.Array, w: jax.Array) -> jax.Array:
   return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
 
 
+def _materialised(x: jax.Array) -> jax.Array:
+  """x in a buffer of its own, out of reach of fusion.
+
+  XLA:CPU fuses elementwise producers (a bias add, an activation, a residual sum) into a
+  transpose that reads them, optimization barriers notwithstanding, and such a fused
+  transpose runs 4-10x slower than the plain transpose of a materialised array ([4096, 512]
+  float32: 14 ms against 2.7 ms; BENCHMARKS.md). A conditional is a boundary it keeps: its
+  predicate (x's first element is NaN) must be opaque, and its branches different, or XLA
+  removes it. The NaN branch gives an all-NaN array: a NaN in x already makes the weight
+  gradient non-finite, which the trainer treats as such (the update is skipped) either way.
+  """
+  return jax.lax.cond(jnp.isnan(x.reshape(-1)[0]), lambda v: jnp.full_like(v, jnp.nan),
+                      lambda v: v, x)
+
+
 def _materialised_t(x: jax.Array) -> jax.Array:
-  """x^T as its own array: the barriers keep XLA from folding the transpose into the dot
-  that produced x (inner) or into the dot that reads it (outer), either of which would make
-  that dot non-canonical again."""
-  return jax.lax.optimization_barrier(jax.lax.optimization_barrier(x).T)
+  """x^T as its own array: x is materialised first (`_materialised`), and the barrier keeps
+  XLA from folding the transpose into the dot that reads it, which would make that dot
+  non-canonical again."""
+  return jax.lax.optimization_barrier(_materialised(x).T)
 
 
 # Which operand of the weight gradient x^T g is materialised transposed. XLA:CPU fuses the
