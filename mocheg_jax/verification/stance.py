@@ -345,9 +345,9 @@ class StanceDetector(nnx.Module):
     b_v sum_k p_k. So the evidence's B*N*L tokens are never projected: the claim's B*Lc
     queries are mapped into the evidence's space once (shared by its N items), and each
     item's attention-weighted tokens are projected at Lc rows instead of L. At the paper's
-    sizes that is ~40% fewer forward FLOPs in this module (BENCHMARKS.md); the result equals
-    the projected form up to float rounding (tests/test_verification_model.py compares with
-    the reference's PyTorch module).
+    sizes that is about a third fewer forward FLOPs in the attention (BENCHMARKS.md); the
+    result equals the projected form up to float rounding (tests/test_verification_model.py
+    compares with the reference's PyTorch module).
     """
     b, n, length, e = evidence.shape
     lc, heads = claim.shape[1], attn.num_heads
