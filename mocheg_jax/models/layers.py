@@ -158,7 +158,9 @@ def weight_grad_transposes(pre_norm: bool) -> tuple[str, str]:
   the readers copy their cotangent and the writers their input (CLIP ViT-B/32 step: 19
   transpose fusions of > 20 operands -> none, ~3% faster). Post-LN, the input is the
   residual stream itself, which XLA keeps, and the shape rule was faster (BART small NLL
-  step: 0.71-0.73 s against 0.82-0.89 s with the pre-LN choice).
+  step: 0.71-0.73 s against 0.82-0.89 s with the pre-LN choice). Measured before
+  matmul._materialised, which now keeps any producer out of the copy; the choice stands
+  until measured again.
   """
   return ("cotangent", "input") if pre_norm else ("smaller", "smaller")
 
