@@ -91,5 +91,13 @@ def choose_weight(first: Run, reranked: Run, qrels: Mapping[str, Mapping[str, in
     return {"weight": 1.0, "metric": None, "by_weight": {}}
   by_weight = {float(w): retrieval_metrics.evaluate_run(
       judged, fuse_run(first, reranked, w, k), ks=(k,))[f"R@{k}"] for w in weights}
-  best = max(by_weight, key=lambda w: (by_weight[w], w))
-  return {"weight": best, "metric": f"dev/recall@{k}", "by_weight": by_weight}
+  return {"weight": best_weight(by_weight), "metric": f"dev/recall@{k}",
+          "by_weight": by_weight}
+
+
+def best_weight(by_weight: Mapping[float, float], among: Sequence[float] | None = None
+                ) -> float:
+  """The weight of `by_weight` (weight -> recall) with the best recall, of those `among`
+  (default: all of them); ties: the larger weight."""
+  candidates = by_weight if among is None else [float(w) for w in among]
+  return max(candidates, key=lambda w: (by_weight[w], w))

@@ -242,14 +242,16 @@ def choose_text_system(dev_first: system.Run, dev_reranked: system.Run, dev_qrel
   tried}.
   """
   qrels = {str(k): v for k, v in dev_qrels.items()}
-  chosen = fusion.choose_weight(dev_first, dev_reranked, qrels, weights)
-  mixed = fusion.choose_weight(dev_first, dev_reranked, qrels)
-  weight, fused = chosen["weight"], mixed["weight"]
-  by_weight = mixed["by_weight"] | chosen["by_weight"]
+  # Every weight scored once: the system's candidates and Table 3's mixes.
+  scored = fusion.choose_weight(dev_first, dev_reranked, qrels,
+                                sorted(set(fusion.WEIGHTS) | {float(w) for w in weights}))
+  by_weight = scored["by_weight"]  # Empty without a judged dev claim: the paper's order.
+  weight = fusion.best_weight(by_weight, weights) if by_weight else 1.0
+  fused = fusion.best_weight(by_weight, fusion.WEIGHTS) if by_weight else 1.0
   dev = {BI_ENCODER: by_weight.get(0.0), RERANKED: by_weight.get(1.0)}
   dev |= {fused_name(w): by_weight[w] for w in (fused, weight) if 0.0 < w < 1.0}
   return {"weight": weight, "reranked": weight > 0.0, "system": text_system_name(weight),
-          "fused_weight": fused, "metric": chosen["metric"], "dev": dev,
+          "fused_weight": fused, "metric": scored["metric"], "dev": dev,
           "dev_by_weight": {f"{w:.1f}": value for w, value in sorted(by_weight.items())}}
 
 
