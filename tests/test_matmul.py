@@ -125,7 +125,7 @@ def test_a_materialised_operand_is_the_operand_and_kept_out_of_the_transpose():
   np.testing.assert_array_equal(materialise(x), x)
   assert np.isnan(materialise(x.at[0, 0].set(jnp.nan))).all()  # Non-finite either way.
   # The transpose of a computed operand reads a buffer: nothing is fused into it.
-  hlo = jax.jit(lambda v, b: matmul._materialised_t(jnp.tanh(v + b))).lower(
+  hlo = jax.jit(lambda v, b: matmul.materialised_swap(jnp.tanh(v + b))).lower(
       x, jnp.ones(5)).compile().as_text()
   computations = hlo.split("\n\n")  # Each fused computation is a block of its own.
   transposing = [c for c in computations if " transpose(" in c]

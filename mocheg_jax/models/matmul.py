@@ -43,11 +43,12 @@ def _materialised(x: jax.Array) -> jax.Array:
                       lambda v: v, x)
 
 
-def _materialised_t(x: jax.Array) -> jax.Array:
-  """x^T as its own array: x is materialised first (`_materialised`), and the barrier keeps
-  XLA from folding the transpose into the dot that reads it, which would make that dot
-  non-canonical again."""
-  return jax.lax.optimization_barrier(_materialised(x).T)
+def materialised_swap(x: jax.Array) -> jax.Array:
+  """x with its last two axes swapped (x^T for a matrix), as an array of its own: x is
+  materialised first (`_materialised`), and the barrier keeps XLA from folding the
+  transpose into the product that reads it, which would make that product non-canonical
+  again."""
+  return jax.lax.optimization_barrier(_materialised(x).swapaxes(-1, -2))
 
 
 # Which operand of the weight gradient x^T g is materialised transposed. XLA:CPU fuses the
@@ -65,8 +66,8 @@ def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller") -> jax.
   if transpose == "smaller":
     transpose = "input" if x.shape[1] <= g.shape[1] else "cotangent"
   if transpose == "input":
-    return _dot(_materialised_t(x), g)
-  return _materialised_t(_dot(_materialised_t(g), x))
+    return _dot(materialised_swap(x), g)
+  return materialised_swap(_dot(materialised_swap(g), x))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -246,12 +246,6 @@ def _check(name: str, x: jax.Array, ndim: int | Sequence[int], last: int | None 
     raise ValueError(f"{name} has shape {tuple(x.shape)}; its leading dims must be {lead}")
 
 
-def _materialised_swap(x: jax.Array) -> jax.Array:
-  """x with its last two axes swapped, as an array of its own (the barriers keep XLA from
-  folding the transpose back into the products that read it: matmul.py says why)."""
-  return jax.lax.optimization_barrier(jax.lax.optimization_barrier(x).swapaxes(-1, -2))
-
-
 @jax.custom_vjp
 def _times(a: jax.Array, x: jax.Array, x_t: jax.Array) -> jax.Array:
   """a [..., M, K] @ x [..., K, N] (float32), given `x_t`, x's materialised transpose: the
@@ -354,7 +348,7 @@ class StanceDetector(nnx.Module):
     q = attn.query(claim)  # [B, Lc, H, D]
     dtype = q.dtype
     x = evidence.astype(dtype)  # [B, N, L, E]
-    x_t = _materialised_swap(x)  # [B, N, E, L]
+    x_t = matmul.materialised_swap(x)  # [B, N, E, L]
     wk, wv = (w[...].astype(dtype) for w in (attn.key.kernel, attn.value.kernel))  # [E, H, D]
     # Per head, as 2-D products whose weight gradients take XLA:CPU's fast dots (matmul.py).
     q_e = jnp.stack([matmul.matmul_t(q[:, :, h].reshape(b * lc, -1), wk[:, h])
