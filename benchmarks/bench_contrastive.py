@@ -1,7 +1,7 @@
 r"""Contrastive training steps, ours vs PyTorch: the InfoNCE text step and the CLIP step.
 
   python benchmarks/bench_contrastive.py [--parts=text,clip --text_size=minilm \
-      --clip_sizes=small,base --repeats=5 --threads=2 --dropout=0.0]
+      --clip_sizes=small,base --repeats=5 --threads=2 --dropout=0.0 --precision=float32]
 
 Issue 9's "InfoNCE text step and CLIP contrastive step (vs a PyTorch implementation of the
 same loss)". Both sides start from the same weights (random, made by transformers with torch
@@ -45,6 +45,9 @@ ours / reference examples/s (> 1: we are faster); the CPU-time ratio (process CP
 all threads, median per step) and each round's ratio are recorded too. torch runs with
 torch.set_num_threads(--threads) and set_flush_denormal(True) (XLA's CPU backend flushes
 denormals); XLA's CPU client uses every CPU. The load average is sampled after every step.
+Products: float32 on both sides, or with --precision=bfloat16 bfloat16 operands on both
+(benchmarks/timing.py: ours under jax.default_matmul_precision, torch's forward under CPU
+autocast); the first losses must then agree to 2e-2 instead of 1e-4.
 Prints a markdown table and writes JSON to --out. Not a test.
 """
 
@@ -77,6 +80,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from absl import app, flags  # noqa: E402
+
+from benchmarks.timing import PRECISIONS, precision_scopes  # noqa: E402
 
 PARTS = ("text", "clip")
 # BERT shapes of the text encoder: vocab, hidden, layers, heads, ffn, positions.
@@ -122,6 +127,11 @@ _FLUSH = flags.DEFINE_boolean("torch_flush_denormal", True,
                               "torch.set_flush_denormal(True), as XLA's CPU backend does.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the batches.")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/contrastive.json", "JSON output path.")
+_PRECISION = flags.DEFINE_enum("precision", "float32", PRECISIONS,
+                               "Products on both sides (benchmarks/timing.py).")
+# First-step losses may differ this much (relative) at each precision: float32 sums in
+# another order; bfloat16 operands (and, in PyTorch's autocast, bfloat16 outputs).
+LOSS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 # ---- timing ---------------------------------------------------------------------------------
@@ -257,7 +267,8 @@ class TorchStep:
 
   def __call__(self) -> None:
     import torch
-    loss = self.loss()
+    with precision_scopes(_PRECISION.value)[1]():
+      loss = self.loss()
     loss.backward()
     if self.clip_norm > 0:
       torch.nn.utils.clip_grad_norm_(self.trainable, self.clip_norm)
@@ -549,6 +560,8 @@ def main(argv: list[str]) -> None:
   import transformers
 
   torch.set_num_threads(_THREADS.value)
+  if _PRECISION.value == "bfloat16":  # Ours compiles ahead of time: set for the process.
+    jax.config.update("jax_default_matmul_precision", "bfloat16")
   if _FLUSH.value and not torch.set_flush_denormal(True):
     print("this CPU cannot flush denormals in torch; timing without", flush=True)
   load_before = os.getloadavg()
@@ -560,9 +573,10 @@ def main(argv: list[str]) -> None:
               for name, r in ([("text", text)] if text else [])
               + [(f"clip {c['size']}", c) for c in clips]
               if r["first_loss_relative_diff"] is not None
-              and r["first_loss_relative_diff"] > 1e-4]
+              and r["first_loss_relative_diff"] > LOSS_TOLERANCE[_PRECISION.value]]
   cpus = len(os.sched_getaffinity(0))
-  header = (f"Contrastive training steps, median of {_REPEATS.value} interleaved steps after "
+  header = (f"Contrastive training steps, {_PRECISION.value} products, median of "
+            f"{_REPEATS.value} interleaved steps after "
             f"{_WARMUP.value} warm-up; {_THREADS.value} torch threads, XLA on {cpus} CPUs; "
             f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}")
   print("\n" + _table(text, clips, header))
@@ -574,7 +588,8 @@ def main(argv: list[str]) -> None:
                 jax=jax.__version__, torch=torch.__version__,
                 transformers=transformers.__version__, load_before=load_before,
                 load_after=load_after, target_ratio=TARGET_RATIO,
-                timing="median of interleaved steps", text=text, clip=clips,
+                timing="median of interleaved steps", precision=_PRECISION.value,
+                text=text, clip=clips,
                 loss_check_failures=failures)
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
   with open(_OUT.value, "w") as f:

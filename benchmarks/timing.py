@@ -16,3 +16,23 @@ def best_time(fn, *args, repeats: int) -> float:
     jax.block_until_ready(fn(*args))
     best = min(best, time.perf_counter() - start)
   return best
+
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+def precision_scopes(precision: str):
+  """(ours, reference): factories of the context in which each side multiplies at
+  `precision`: "float32" throughout (nothing changes), or "bfloat16": ours under
+  jax.default_matmul_precision("bfloat16") (bfloat16 operands, float32 sums; on CPU
+  mocheg_jax/models/matmul.py does it), PyTorch under CPU autocast to bfloat16 (its linear
+  layers and matmuls take bfloat16 operands and return bfloat16)."""
+  import contextlib
+  if precision not in PRECISIONS:
+    raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+  if precision == "float32":
+    return contextlib.nullcontext, contextlib.nullcontext
+  import jax
+  import torch
+  return (lambda: jax.default_matmul_precision("bfloat16"),
+          lambda: torch.autocast("cpu", dtype=torch.bfloat16))

@@ -14,6 +14,7 @@ import os
 import time
 from typing import Callable
 
+import jax
 import numpy as np
 
 from mocheg_jax.data import pipelines
@@ -124,7 +125,8 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
 def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], release: str,
          overrides: configs.Overrides | None, moved: paths.Moved) -> dict:
   summary: dict = {"scale": scale, "seed": seed, "timings_s": {},
-                   "release": configs.release_dir(workdir, release)}
+                   "release": configs.release_dir(workdir, release),
+                   "matmul_precision": jax.config.jax_default_matmul_precision or ""}
   stage_inputs = dict(release=release, overrides=overrides)
 
   def timed(name: str, fn: Callable[[], object]):
@@ -177,7 +179,8 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
         workdir, scale=scale, seed=seed, release=summary["release"], moved=moved,
         settings=manifest_lib.Settings(
             rerank_weight=retrieval["system_text"]["weight"],
-            image_articles=retrieval["system_image"]["articles"]),
+            image_articles=retrieval["system_image"]["articles"],
+            matmul_precision=summary["matmul_precision"]),
         verifier=verification["system_labels"]["stage"])
     summary["fact_checks"] = timed("fact_check_samples", lambda: _sample_checks(
         workdir, release, log))

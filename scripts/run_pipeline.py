@@ -16,6 +16,7 @@ if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
 
 import ast
 
+import jax
 from absl import app, flags
 
 from mocheg_jax import workflow
@@ -45,6 +46,12 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (-1: 
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_s", 0, "Seconds without a heartbeat before the coordinator declares "
     "a process dead and stops the job (0: JAX's default, 100 s).")
+_MATMUL_PRECISION = flags.DEFINE_enum(
+    "matmul_precision", None, ["bfloat16", "float32"], "Products of float32 arrays: "
+    "bfloat16 operands with float32 sums (~4x faster dense layers on CPUs with AMX; "
+    "mocheg_jax/models/matmul.py) or float32 throughout. Unset: JAX's setting "
+    "($JAX_DEFAULT_MATMUL_PRECISION, else the backend's default: float32 on CPU). The "
+    "pipeline folder records it for scripts/fact_check.py.")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "CONFIG:dotted.key=value, set in configs/CONFIG.py:SCALE for the stage "
     "that uses it (value: a Python literal, else a string); repeatable.")
@@ -70,6 +77,8 @@ def main(argv):
   # stages then train together and process 0 writes the shared outputs.
   distributed.maybe_initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
                                _PROCESS_ID.value, _HEARTBEAT.value)
+  if _MATMUL_PRECISION.value:
+    jax.config.update("jax_default_matmul_precision", _MATMUL_PRECISION.value)
   overrides: dict[str, dict] = {}
   for (name, key), flag in workflow.PAPER_REQUIRED.items():  # --clip, --bert, --bart.
     folder = flags.FLAGS[flag.lstrip("-")].value

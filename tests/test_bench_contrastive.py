@@ -54,6 +54,19 @@ def test_tiny_run_writes_every_field_and_the_two_sides_agree(tmp_path):
   assert "| InfoNCE text (tiny" in proc.stdout and "| CLIP (tiny" in proc.stdout
 
 
+def test_bfloat16_products_on_both_sides(tmp_path):
+  out = tmp_path / "contrastive.json"
+  proc = _run(tmp_path, "--parts=text", "--text_size=tiny", "--repeats=1", "--text_batch=6",
+              "--query_length=8", "--doc_length=12", "--threads=1", "--precision=bfloat16",
+              f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert result["precision"] == "bfloat16" and result["loss_check_failures"] == []
+  assert "bfloat16 products" in proc.stdout
+  # Both sides round their operands, each in its own way: close, not equal.
+  assert 0 < result["text"]["first_loss_relative_diff"] < 2e-2, result["text"]
+
+
 def test_bad_flags_exit_with_one_line(tmp_path):
   proc = _run(tmp_path, "--clip_sizes=huge", "--repeats=0", f"--out={tmp_path / 'x.json'}")
   assert proc.returncode != 0

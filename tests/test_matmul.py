@@ -130,3 +130,41 @@ def test_a_materialised_operand_is_the_operand_and_kept_out_of_the_transpose():
   computations = hlo.split("\n\n")  # Each fused computation is a block of its own.
   transposing = [c for c in computations if " transpose(" in c]
   assert transposing and not any("tanh(" in c for c in transposing), transposing
+
+
+def _bf16(a):
+  return np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU dot path")
+def test_bfloat16_precision_multiplies_bfloat16_operands_in_float32():
+  x, w, table, g = _arrays((48, 40), (40, 12), (12, 40), (48, 12))
+  loss = _loss(lambda a, b: matmul.matmul(a, b), g)
+  with jax.default_matmul_precision("bfloat16"):
+    y = matmul.matmul(x, w)
+    head = matmul.matmul_t(x, table)
+    dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+  assert y.dtype == head.dtype == dx.dtype == dw.dtype == jnp.float32
+  # Exactly the products of the rounded operands, summed in float32 (float64 here).
+  tol = dict(rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(y, _bf16(x) @ _bf16(w), **tol)
+  np.testing.assert_allclose(head, _bf16(x) @ _bf16(table).T, **tol)
+  np.testing.assert_allclose(dx, _bf16(g) @ _bf16(w).T, **tol)
+  np.testing.assert_allclose(dw, _bf16(x).T @ _bf16(g), **tol)
+  # Not float32's products: bfloat16 keeps 8 significant bits (relative error ~2^-9 each).
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert np.abs(np.asarray(y) - exact).max() > 1e-3
+  np.testing.assert_allclose(matmul.matmul(x, w), exact, **tol)  # The default again.
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU dot path")
+def test_the_precision_is_read_when_tracing_so_a_jitted_function_follows_it():
+  x, w = _arrays((16, 24), (24, 8))
+  product = jax.jit(lambda a, b: matmul.contract(a, b, 1))
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  with jax.default_matmul_precision("bfloat16"):
+    rounded = product(x, w)
+  np.testing.assert_allclose(rounded, _bf16(x) @ _bf16(w), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(product(x, w), exact, rtol=1e-5, atol=1e-5)
+  with jax.default_matmul_precision("float32"):
+    np.testing.assert_allclose(product(x, w), exact, rtol=1e-5, atol=1e-5)

@@ -34,13 +34,15 @@ def test_written_manifest_reads_back_with_absolute_paths(tmp_path):
   (root / "stages" / "verify_text" / CHECKPOINT_DIR).mkdir(parents=True)
   manifest_lib.write_manifest(str(root), scale="tiny", seed=3, verifier="stages/verify_text",
                               settings=manifest_lib.Settings(text_top_k=7, rerank_weight=0.6,
-                                                             image_articles=2))
+                                                             image_articles=2,
+                                                             matmul_precision="bfloat16"))
   read = manifest_lib.read_manifest(str(root))
   assert read.stages["verifier"] == str(root / "stages" / "verify_text")
   assert read.indexes["image"] == str(root / "index" / "image")
   assert read.release == str(root / "release")
   assert (read.scale, read.seed, read.settings.text_top_k) == ("tiny", 3, 7)
   assert read.settings.rerank_weight == 0.6 and read.settings.image_articles == 2
+  assert read.settings.matmul_precision == "bfloat16"
   assert not (root / "manifest.json.tmp").exists()
 
 
@@ -84,6 +86,8 @@ def test_malformed_manifests_are_refused(tmp_path):
                            r"rerank_weight must be a number in \[0, 1\]"),
                           (dict(settings={"rerank_weight": True}), "rerank_weight must be"),
                           (dict(settings={"image_articles": -1}), "image_articles must be >= 0"),
+                          (dict(settings={"matmul_precision": 16}),
+                           "matmul_precision must be a string"),
                           (dict(settings={"top": 1}), "bad settings"),
                           (dict(release="gone"), "the release folder 'gone' is missing")):
     path.write_text(json.dumps({**good, **change}))

@@ -275,14 +275,24 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   other_weight = 0.0 if 0 < weight < 1 else 0.5  # The other path: a mix, or no reranking.
   other = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
       manifest.settings, rerank_weight=other_weight)))
+  # The job ran at JAX's default precision and its folder says so; a folder recording
+  # bfloat16 products has its claims checked with them, whatever this process's setting.
+  assert summary["matmul_precision"] == manifest.settings.matmul_precision == ""
+  rounded = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
+      manifest.settings, matmul_precision="bfloat16")))
   try:
     results = checker.check_many([c.claim for c in claims])
+    rounded_scores = [e.score for e in rounded.check(claims[0].claim).text_evidence]
     with_image = checker.check(claims[0].claim, image=str(
         workdir / "release" / "images" / sorted(os.listdir(workdir / "release" / "images"))[0]))
     other_texts = [r.text_evidence for r in other.check_many([c.claim for c in claims[:4]])]
   finally:
     checker.close()
     other.close()
+    rounded.close()
+  exact_scores = [e.score for e in results[0].text_evidence]
+  assert rounded_scores != exact_scores
+  assert rounded_scores == pytest.approx(exact_scores, rel=0.05, abs=0.05)
   _assert_same_run(trec.read_run(workdir / "runs" / "text.run"),
                    rerun["text"]["reranked"]["test"])
   # The checkers ran in this process: compared with this process's searches.

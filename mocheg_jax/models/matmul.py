@@ -8,6 +8,12 @@ step (a profile of benchmarks/bench_bart_train.py). Here the backward pass mater
 transpose of the smaller operand behind optimization barriers, so every dot is canonical and
 takes the fast path; the copy is small next to the dot. Other backends (GPU, TPU) take
 transposed operands natively, so there the plain dot is used.
+
+Precision: XLA:CPU multiplies float32 in float32 whatever JAX's matmul precision says. Under
+`jax.default_matmul_precision("bfloat16")` (or JAX_DEFAULT_MATMUL_PRECISION=bfloat16) these
+products do on CPU what every backend does under that setting and a TPU does by default:
+float32 operands rounded to bfloat16, products accumulated and returned in float32. CPUs
+with AMX run such dots ~4x faster than float32 ones (BENCHMARKS.md, "bfloat16 products").
 """
 
 from __future__ import annotations
@@ -19,13 +25,31 @@ import jax
 import jax.numpy as jnp
 
 
+# Values of jax_default_matmul_precision that mean bfloat16 operands, float32 accumulation.
+BFLOAT16_PRECISIONS = ("bfloat16", "BF16_BF16_F32")
+
+
+def bfloat16_products() -> bool:
+  """Whether float32 products are to be computed from bfloat16 operands here: on CPU, under
+  one of BFLOAT16_PRECISIONS (read while tracing: the setting is part of jit's cache key, so
+  changing it retraces)."""
+  return _on_cpu() and jax.config.jax_default_matmul_precision in BFLOAT16_PRECISIONS
+
+
+def _product(x: jax.Array, w: jax.Array, dimensions) -> jax.Array:
+  if x.dtype == w.dtype == jnp.float32 and bfloat16_products():
+    return jax.lax.dot_general(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), dimensions,
+                               preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(x, w, dimensions)
+
+
 def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
-  return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())))
+  return _product(x, w, (((1,), (0,)), ((), ())))
 
 
 def _dot_t(x: jax.Array, w: jax.Array) -> jax.Array:
   """x [M, K] @ w^T for w [N, K]."""
-  return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+  return _product(x, w, (((1,), (1,)), ((), ())))
 
 
 def _materialised(x: jax.Array) -> jax.Array:

@@ -42,6 +42,7 @@ import tempfile
 import weakref
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
 from mocheg_jax.data.labels import LABEL_NAMES
@@ -196,11 +197,13 @@ class FactChecker:
     claims, images = check_claims(claims, images, self._image_size)
     if not claims:
       return []
-    texts = self._text_evidence(claims)
-    pictures = self._image_evidence(claims, images, texts)
-    probabilities = self._verify(claims, texts, pictures)
-    labels = probabilities.argmax(-1)
-    explanations = self._explain(claims, texts, labels)
+    # The products as the main job computed them, whatever this process's setting.
+    with jax.default_matmul_precision(self.settings.matmul_precision or None):
+      texts = self._text_evidence(claims)
+      pictures = self._image_evidence(claims, images, texts)
+      probabilities = self._verify(claims, texts, pictures)
+      labels = probabilities.argmax(-1)
+      explanations = self._explain(claims, texts, labels)
     return [FactCheck(claim=c, text_evidence=tuple(t), image_evidence=tuple(p),
                       label=LABEL_NAMES[int(y)],
                       probabilities={n: float(v) for n, v in zip(LABEL_NAMES, probs)},

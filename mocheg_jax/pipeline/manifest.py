@@ -57,13 +57,19 @@ class Settings:
   # N text hits first (retrieval/grounding.py); 0: the paper's global CLIP ranking. The main
   # job sets what did best on dev (retrieval.stage.choose_image_system).
   image_articles: int = 0
+  # jax_default_matmul_precision the job ran under ("": JAX's default), so the checker
+  # computes as the main job did ("bfloat16": bfloat16 products on CPU too, models/matmul.py).
+  matmul_precision: str = ""
 
   def __post_init__(self):
     weight = self.rerank_weight
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
       raise ValueError(f"Settings.rerank_weight must be a number in [0, 1], got {weight!r}")
+    if not isinstance(self.matmul_precision, str):
+      raise ValueError(f"Settings.matmul_precision must be a string, got "
+                       f"{self.matmul_precision!r}")
     for field in dataclasses.fields(self):
-      if field.name == "rerank_weight":
+      if field.name in ("rerank_weight", "matmul_precision"):
         continue
       least = 0 if field.name == "image_articles" else 1
       if getattr(self, field.name) < least:

@@ -204,8 +204,9 @@ def _last(records: list[dict], key: str):
 
 def _markdown(results: dict, texts: dict[str, str | None]) -> str:
   lines = ["# Mocheg-JAX main job report", "",
-           f"Scale `{results['scale']}`, seed {results['seed']}. Figures are on the test split "
-           f"of the release in `{results['release']}`.", ""]
+           f"Scale `{results['scale']}`, seed {results['seed']}, matrix products at "
+           f"{results['matmul_precision'] or 'JAX default'} precision. Figures are on the "
+           f"test split of the release in `{results['release']}`.", ""]
   if results["timings_s"]:
     lines += ["## Timings", "", "| Step | Seconds |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in results["timings_s"].items()]
@@ -291,7 +292,7 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
   nulled: list[str] = []
   results = _plain({
       "scale": summary.get("scale"), "seed": summary.get("seed"),
-      "release": release_dir,
+      "release": release_dir, "matmul_precision": summary.get("matmul_precision", ""),
       "timings_s": summary.get("timings_s", {}),
       **rows,
       "explanation_classifier": summary.get("explanation_classifier"),

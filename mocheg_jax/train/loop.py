@@ -233,6 +233,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     say(f"finished before: {os.path.join(workdir, CHECKPOINT_DIR)}/{finished} is the last "
         "step of the same config; nothing to do")
     return TrainResult("finished", finished, {})
+  if jax.config.jax_default_matmul_precision:  # The products differ with it: say so.
+    say(f"matrix products at {jax.config.jax_default_matmul_precision} precision "
+        "(jax_default_matmul_precision)")
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = _rules(config)
   processes = jax.process_count()
