@@ -63,6 +63,10 @@ def test_changed_inputs_or_outputs_evaluate_again(tmp_path):
   (tmp_path / "index" / "part1").write_text("more")  # A folder output: its file list.
   assert evaluate.reuse(_inputs(tmp_path, step=8))["run"] == 5
   assert evaluate.reuse(_inputs(tmp_path, step=8))["run"] == 5
+  with jax.default_matmul_precision("bfloat16"):  # Other products: other figures.
+    assert evaluate.reuse(_inputs(tmp_path, step=8))["run"] == 6
+    assert evaluate.reuse(_inputs(tmp_path, step=8))["run"] == 6
+  assert evaluate.reuse(_inputs(tmp_path, step=8))["run"] == 7
 
 
 def test_an_unreadable_or_interrupted_record_evaluates_again(tmp_path):

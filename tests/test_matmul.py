@@ -145,6 +145,12 @@ def test_bfloat16_precision_multiplies_bfloat16_operands_in_float32():
     head = matmul.matmul_t(x, table)
     dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
   assert y.dtype == head.dtype == dx.dtype == dw.dtype == jnp.float32
+  # A bfloat16 compute dtype stays bfloat16, values and gradients.
+  with jax.default_matmul_precision("bfloat16"):
+    low = jax.grad(lambda a, b: jnp.sum(matmul.matmul(a, b).astype(jnp.float32)),
+                   argnums=(0, 1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert matmul.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+  assert low[0].dtype == low[1].dtype == jnp.bfloat16
   # Exactly the products of the rounded operands, summed in float32 (float64 here).
   tol = dict(rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(y, _bf16(x) @ _bf16(w), **tol)

@@ -36,20 +36,28 @@ def bfloat16_products() -> bool:
   return _on_cpu() and jax.config.jax_default_matmul_precision in BFLOAT16_PRECISIONS
 
 
-def _product(x: jax.Array, w: jax.Array, dimensions) -> jax.Array:
-  if x.dtype == w.dtype == jnp.float32 and bfloat16_products():
-    return jax.lax.dot_general(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), dimensions,
-                               preferred_element_type=jnp.float32)
-  return jax.lax.dot_general(x, w, dimensions)
+def _rounded(a: jax.Array) -> jax.Array:
+  """a as a product takes it: a float32 array in bfloat16 under bfloat16 products. The
+  forward passes keep their operands rounded for the backward pass: half the residual
+  memory, and its transposes move half the bytes."""
+  return a.astype(jnp.bfloat16) if a.dtype == jnp.float32 and bfloat16_products() else a
 
 
-def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
-  return _product(x, w, (((1,), (0,)), ((), ())))
+def _product(x: jax.Array, w: jax.Array, dimensions, out=None) -> jax.Array:
+  """dot_general with result dtype `out` (None: the operands'); under bfloat16 products a
+  float32 operand makes both operands bfloat16 and the result float32."""
+  if jnp.float32 in (x.dtype, w.dtype) and bfloat16_products():
+    x, w, out = _rounded(x), _rounded(w), jnp.float32
+  return jax.lax.dot_general(x, w, dimensions, preferred_element_type=out)
 
 
-def _dot_t(x: jax.Array, w: jax.Array) -> jax.Array:
+def _dot(x: jax.Array, w: jax.Array, out=None) -> jax.Array:
+  return _product(x, w, (((1,), (0,)), ((), ())), out)
+
+
+def _dot_t(x: jax.Array, w: jax.Array, out=None) -> jax.Array:
   """x [M, K] @ w^T for w [N, K]."""
-  return _product(x, w, (((1,), (1,)), ((), ())))
+  return _product(x, w, (((1,), (1,)), ((), ())), out)
 
 
 def _materialised(x: jax.Array) -> jax.Array:
@@ -82,7 +90,8 @@ def materialised_swap(x: jax.Array) -> jax.Array:
 WEIGHT_GRAD_TRANSPOSES = ("smaller", "input", "cotangent")
 
 
-def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller") -> jax.Array:
+def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller", out=None
+                 ) -> jax.Array:
   """x^T g [K, N] from canonical dots: (x^T) g ("input"), or (g^T x)^T ("cotangent"; for a
   vocabulary projection the result is far smaller than g). "smaller" transposes x when
   K <= N, else g: a wide x is usually an activation that XLA would recompute inside the
@@ -90,8 +99,8 @@ def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller") -> jax.
   if transpose == "smaller":
     transpose = "input" if x.shape[1] <= g.shape[1] else "cotangent"
   if transpose == "input":
-    return _dot(materialised_swap(x), g)
-  return materialised_swap(_dot(materialised_swap(g), x))
+    return _dot(materialised_swap(x), g, out)
+  return materialised_swap(_dot(materialised_swap(g), x, out))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -102,13 +111,14 @@ def _matmul(x: jax.Array, w: jax.Array, transpose: str) -> jax.Array:
 
 def _matmul_forward(x, w, transpose):
   del transpose
-  return _dot(x, w), (x, w)
+  return _dot(x, w), (_rounded(x), _rounded(w))
 
 
 def _matmul_backward(transpose, residuals, g):
   x, w = residuals
+  out, g = g.dtype, _rounded(g)  # The gradients take the primal's dtype, g's.
   # g W^T as autodiff writes it; x^T g from canonical dots.
-  return _dot_t(g, w), _weight_grad(x, g, transpose)
+  return _dot_t(g, w, out), _weight_grad(x, g, transpose, out)
 
 
 _matmul.defvjp(_matmul_forward, _matmul_backward)
@@ -120,12 +130,13 @@ def _matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _matmul_t_forward(x, w):
-  return _dot_t(x, w), (x, w)
+  return _dot_t(x, w), (_rounded(x), _rounded(w))
 
 
 def _matmul_t_backward(residuals, g):
   x, w = residuals
-  return _dot(g, w), _weight_grad(g, x)  # d w = g^T x [N, K].
+  out, g = g.dtype, _rounded(g)
+  return _dot(g, w, out), _weight_grad(g, x, out=out)  # d w = g^T x [N, K].
 
 
 _matmul_t.defvjp(_matmul_t_forward, _matmul_t_backward)

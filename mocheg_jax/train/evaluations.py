@@ -4,7 +4,8 @@ The main job's stages end by scoring what they trained (Tables 3-5: indexing and
 predicting, generating), which costs minutes even when every training is already finished.
 `reuse` runs such an evaluation once and saves its result under WORKDIR/evaluations/ with
 what it read: the checkpoints it scored (their steps and saved configs), input files (by
-content), settings, and a digest of every output it wrote. A rerun with the same record and
+content), settings, the matrix-product precision it ran at (models/matmul.py), and a digest
+of every output it wrote. A rerun with the same record and
 untouched outputs returns the saved result; any difference evaluates again.
 
 Records are compared with `paths.same_record`, so a finished folder copied elsewhere reuses
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Callable, Sequence
+
+import jax
 
 from mocheg_jax.train import restore
 from mocheg_jax.utils import files, paths
@@ -76,7 +79,7 @@ def reuse(workdir: str, name: str, inputs: dict, outputs: Sequence[str],
   The record, WORKDIR/evaluations/NAME.json, is written after `evaluate` returns, so an
   evaluation interrupted midway is never reused.
   """
-  inputs = _plain(inputs)
+  inputs = _plain({**inputs, "matmul_precision": jax.config.jax_default_matmul_precision})
   path = os.path.join(workdir, RECORDS_DIR, f"{name}.json")
   saved, reason = _saved_result(path, workdir, inputs, outputs)
   if reason is None:
