@@ -9,6 +9,7 @@ import pathlib
 import shutil
 import subprocess
 
+import jax
 import pytest
 
 from mocheg_jax import workflow
@@ -276,13 +277,20 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   other = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
       manifest.settings, rerank_weight=other_weight)))
   # The job ran at JAX's default precision and its folder says so; a folder recording
-  # bfloat16 products has its claims checked with them, whatever this process's setting.
+  # bfloat16 products has its claims checked under that setting, whatever this process's
+  # (the tiny models are too narrow to round: models/matmul.py, so the setting is watched).
   assert summary["matmul_precision"] == manifest.settings.matmul_precision == ""
   rounded = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
       manifest.settings, matmul_precision="bfloat16")))
+  seen = []
+  for step in ("_text_evidence", "_verify", "_explain"):
+    def watched(*args, _step=getattr(rounded, step)):
+      seen.append(jax.config.jax_default_matmul_precision)
+      return _step(*args)
+    setattr(rounded, step, watched)
   try:
     results = checker.check_many([c.claim for c in claims])
-    rounded_scores = [e.score for e in rounded.check(claims[0].claim).text_evidence]
+    rounded_result = rounded.check(claims[0].claim)
     with_image = checker.check(claims[0].claim, image=str(
         workdir / "release" / "images" / sorted(os.listdir(workdir / "release" / "images"))[0]))
     other_texts = [r.text_evidence for r in other.check_many([c.claim for c in claims[:4]])]
@@ -290,9 +298,8 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
     checker.close()
     other.close()
     rounded.close()
-  exact_scores = [e.score for e in results[0].text_evidence]
-  assert rounded_scores != exact_scores
-  assert rounded_scores == pytest.approx(exact_scores, rel=0.05, abs=0.05)
+  assert seen == ["bfloat16"] * 3 and jax.config.jax_default_matmul_precision is None
+  assert rounded_result.claim == claims[0].claim
   _assert_same_run(trec.read_run(workdir / "runs" / "text.run"),
                    rerun["text"]["reranked"]["test"])
   # The checkers ran in this process: compared with this process's searches.

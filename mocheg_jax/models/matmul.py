@@ -12,8 +12,10 @@ transposed operands natively, so there the plain dot is used.
 Precision: XLA:CPU multiplies float32 in float32 whatever JAX's matmul precision says. Under
 `jax.default_matmul_precision("bfloat16")` (or JAX_DEFAULT_MATMUL_PRECISION=bfloat16) these
 products do on CPU what every backend does under that setting and a TPU does by default:
-float32 operands rounded to bfloat16, products accumulated and returned in float32. CPUs
-with AMX run such dots ~4x faster than float32 ones (BENCHMARKS.md, "bfloat16 products").
+float32 operands rounded to bfloat16, products accumulated and returned in float32, for
+every weight at least MIN_BFLOAT16_WIDTH wide both ways (the setting allows bfloat16, it
+does not require it). CPUs with AMX run such dots ~4x faster than float32 ones
+(BENCHMARKS.md, "bfloat16 products").
 """
 
 from __future__ import annotations
@@ -27,37 +29,48 @@ import jax.numpy as jnp
 
 # Values of jax_default_matmul_precision that mean bfloat16 operands, float32 accumulation.
 BFLOAT16_PRECISIONS = ("bfloat16", "BF16_BF16_F32")
+# Narrower weights keep float32 products under that setting (it allows bfloat16, as on a
+# TPU, without requiring it): rounding the operands costs memory passes that a narrow
+# product does not win back (the small CLIP's 64-wide layers trained ~10% slower rounded).
+MIN_BFLOAT16_WIDTH = 128
 
 
 def bfloat16_products() -> bool:
-  """Whether float32 products are to be computed from bfloat16 operands here: on CPU, under
-  one of BFLOAT16_PRECISIONS (read while tracing: the setting is part of jit's cache key, so
+  """Whether float32 products may be computed from bfloat16 operands here: on CPU, under one
+  of BFLOAT16_PRECISIONS (read while tracing: the setting is part of jit's cache key, so
   changing it retraces)."""
   return _on_cpu() and jax.config.jax_default_matmul_precision in BFLOAT16_PRECISIONS
 
 
-def _rounded(a: jax.Array) -> jax.Array:
-  """a as a product takes it: a float32 array in bfloat16 under bfloat16 products. The
-  forward passes keep their operands rounded for the backward pass: half the residual
-  memory, and its transposes move half the bytes."""
-  return a.astype(jnp.bfloat16) if a.dtype == jnp.float32 and bfloat16_products() else a
+def _rounds(x: jax.Array, w: jax.Array) -> bool:
+  """Whether the product of x and the weight w rounds its operands to bfloat16: float32
+  operands under bfloat16 products and a weight at least MIN_BFLOAT16_WIDTH both ways."""
+  return (x.dtype == w.dtype == jnp.float32 and min(w.shape) >= MIN_BFLOAT16_WIDTH
+          and bfloat16_products())
 
 
-def _product(x: jax.Array, w: jax.Array, dimensions, out=None) -> jax.Array:
-  """dot_general with result dtype `out` (None: the operands'); under bfloat16 products a
-  float32 operand makes both operands bfloat16 and the result float32."""
-  if jnp.float32 in (x.dtype, w.dtype) and bfloat16_products():
-    x, w, out = _rounded(x), _rounded(w), jnp.float32
+def _product(x: jax.Array, w: jax.Array, dimensions, low: bool = False, out=None
+             ) -> jax.Array:
+  """dot_general with result dtype `out` (None: the operands'); `low`: from bfloat16
+  operands, summed and returned in float32."""
+  if low:
+    x, w, out = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), jnp.float32
   return jax.lax.dot_general(x, w, dimensions, preferred_element_type=out)
 
 
-def _dot(x: jax.Array, w: jax.Array, out=None) -> jax.Array:
-  return _product(x, w, (((1,), (0,)), ((), ())), out)
+def _dot(x: jax.Array, w: jax.Array, low: bool = False, out=None) -> jax.Array:
+  return _product(x, w, (((1,), (0,)), ((), ())), low, out)
 
 
-def _dot_t(x: jax.Array, w: jax.Array, out=None) -> jax.Array:
+def _dot_t(x: jax.Array, w: jax.Array, low: bool = False, out=None) -> jax.Array:
   """x [M, K] @ w^T for w [N, K]."""
-  return _product(x, w, (((1,), (1,)), ((), ())), out)
+  return _product(x, w, (((1,), (1,)), ((), ())), low, out)
+
+
+def _residuals(x: jax.Array, w: jax.Array, low: bool) -> tuple[jax.Array, jax.Array]:
+  """What a forward pass keeps for its backward: the operands as its product took them (a
+  rounded pair takes half the memory, and its transposes move half the bytes)."""
+  return (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)) if low else (x, w)
 
 
 def _materialised(x: jax.Array) -> jax.Array:
@@ -90,8 +103,8 @@ def materialised_swap(x: jax.Array) -> jax.Array:
 WEIGHT_GRAD_TRANSPOSES = ("smaller", "input", "cotangent")
 
 
-def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller", out=None
-                 ) -> jax.Array:
+def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller", low: bool = False,
+                 out=None) -> jax.Array:
   """x^T g [K, N] from canonical dots: (x^T) g ("input"), or (g^T x)^T ("cotangent"; for a
   vocabulary projection the result is far smaller than g). "smaller" transposes x when
   K <= N, else g: a wide x is usually an activation that XLA would recompute inside the
@@ -99,44 +112,46 @@ def _weight_grad(x: jax.Array, g: jax.Array, transpose: str = "smaller", out=Non
   if transpose == "smaller":
     transpose = "input" if x.shape[1] <= g.shape[1] else "cotangent"
   if transpose == "input":
-    return _dot(materialised_swap(x), g, out)
-  return materialised_swap(_dot(materialised_swap(g), x, out))
+    return _dot(materialised_swap(x), g, low, out)
+  return materialised_swap(_dot(materialised_swap(g), x, low, out))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul(x: jax.Array, w: jax.Array, transpose: str) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _matmul(x: jax.Array, w: jax.Array, transpose: str, low: bool) -> jax.Array:
   del transpose  # Only the gradient reads it.
-  return _dot(x, w)
+  return _dot(x, w, low)
 
 
-def _matmul_forward(x, w, transpose):
+def _matmul_forward(x, w, transpose, low):
   del transpose
-  return _dot(x, w), (_rounded(x), _rounded(w))
+  return _dot(x, w, low), _residuals(x, w, low)
 
 
-def _matmul_backward(transpose, residuals, g):
+def _matmul_backward(transpose, low, residuals, g):
   x, w = residuals
-  out, g = g.dtype, _rounded(g)  # The gradients take the primal's dtype, g's.
+  out = g.dtype  # The primal's: the gradients take it.
+  g = g.astype(jnp.bfloat16) if low else g  # Once, before any transpose copies it.
   # g W^T as autodiff writes it; x^T g from canonical dots.
-  return _dot_t(g, w, out), _weight_grad(x, g, transpose, out)
+  return _dot_t(g, w, low, out), _weight_grad(x, g, transpose, low, out)
 
 
 _matmul.defvjp(_matmul_forward, _matmul_backward)
 
 
-@jax.custom_vjp
-def _matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
-  return _dot_t(x, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul_t(x: jax.Array, w: jax.Array, low: bool) -> jax.Array:
+  return _dot_t(x, w, low)
 
 
-def _matmul_t_forward(x, w):
-  return _dot_t(x, w), (_rounded(x), _rounded(w))
+def _matmul_t_forward(x, w, low):
+  return _dot_t(x, w, low), _residuals(x, w, low)
 
 
-def _matmul_t_backward(residuals, g):
+def _matmul_t_backward(low, residuals, g):
   x, w = residuals
-  out, g = g.dtype, _rounded(g)
-  return _dot(g, w, out), _weight_grad(g, x, out=out)  # d w = g^T x [N, K].
+  out = g.dtype
+  g = g.astype(jnp.bfloat16) if low else g
+  return _dot(g, w, low, out), _weight_grad(g, x, low=low, out=out)  # d w = g^T x [N, K].
 
 
 _matmul_t.defvjp(_matmul_t_forward, _matmul_t_backward)
@@ -158,12 +173,12 @@ def matmul(x: jax.Array, w: jax.Array, transpose: str = "smaller") -> jax.Array:
   """x [M, K] @ w [K, N] -> [M, N], differentiable in both; `transpose`: which operand the
   weight gradient copies transposed on CPU (WEIGHT_GRAD_TRANSPOSES)."""
   checked_transpose(transpose)
-  return _matmul(x, w, transpose) if _on_cpu() else _dot(x, w)
+  return _matmul(x, w, transpose, _rounds(x, w)) if _on_cpu() else _dot(x, w)
 
 
 def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
   """x [M, K] @ w^T for w [N, K] (a tied output embedding) -> [M, N]."""
-  return _matmul_t(x, w) if _on_cpu() else _dot_t(x, w)
+  return _matmul_t(x, w, _rounds(x, w)) if _on_cpu() else _dot_t(x, w)
 
 
 def contract(x: jax.Array, w: jax.Array, n: int, transpose: str = "smaller") -> jax.Array:
@@ -179,5 +194,6 @@ def contract(x: jax.Array, w: jax.Array, n: int, transpose: str = "smaller") -> 
                                       ((), ())))
   lead, inner, out = x.shape[:x.ndim - n], w.shape[:n], w.shape[n:]
   k = math.prod(inner)
-  y = _matmul(jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1)), transpose)
+  x, w = jnp.reshape(x, (-1, k)), jnp.reshape(w, (k, -1))
+  y = _matmul(x, w, transpose, _rounds(x, w))
   return jnp.reshape(y, lead + out)
