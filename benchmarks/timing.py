@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 
@@ -27,7 +28,6 @@ def precision_scopes(precision: str):
   jax.default_matmul_precision("bfloat16") (bfloat16 operands, float32 sums; on CPU
   mocheg_jax/models/matmul.py does it), PyTorch under CPU autocast to bfloat16 (its linear
   layers and matmuls take bfloat16 operands and return bfloat16)."""
-  import contextlib
   if precision not in PRECISIONS:
     raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
   if precision == "float32":

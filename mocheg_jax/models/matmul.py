@@ -68,8 +68,8 @@ def _dot_t(x: jax.Array, w: jax.Array, low: bool = False, out=None) -> jax.Array
 
 
 def _residuals(x: jax.Array, w: jax.Array, low: bool) -> tuple[jax.Array, jax.Array]:
-  """What a forward pass keeps for its backward: the operands as its product took them (a
-  rounded pair takes half the memory, and its transposes move half the bytes)."""
+  """The operands as a forward product takes them, rounded once and kept for the backward
+  pass (a rounded pair takes half the memory, and its transposes move half the bytes)."""
   return (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)) if low else (x, w)
 
 
@@ -124,7 +124,8 @@ def _matmul(x: jax.Array, w: jax.Array, transpose: str, low: bool) -> jax.Array:
 
 def _matmul_forward(x, w, transpose, low):
   del transpose
-  return _dot(x, w, low), _residuals(x, w, low)
+  x, w = _residuals(x, w, low)
+  return _dot(x, w, low), (x, w)
 
 
 def _matmul_backward(transpose, low, residuals, g):
@@ -144,7 +145,8 @@ def _matmul_t(x: jax.Array, w: jax.Array, low: bool) -> jax.Array:
 
 
 def _matmul_t_forward(x, w, low):
-  return _dot_t(x, w, low), _residuals(x, w, low)
+  x, w = _residuals(x, w, low)
+  return _dot_t(x, w, low), (x, w)
 
 
 def _matmul_t_backward(low, residuals, g):
