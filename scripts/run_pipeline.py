@@ -20,6 +20,7 @@ import jax
 from absl import app, flags
 
 from mocheg_jax import workflow
+from mocheg_jax.models import matmul
 from mocheg_jax.parallel import distributed
 from mocheg_jax.utils.cli import friendly_errors
 
@@ -47,11 +48,13 @@ _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout_s", 0, "Seconds without a heartbeat before the coordinator declares "
     "a process dead and stops the job (0: JAX's default, 100 s).")
 _MATMUL_PRECISION = flags.DEFINE_enum(
-    "matmul_precision", None, ["bfloat16", "float32"], "Products of float32 arrays: "
-    "bfloat16 operands with float32 sums (~4x faster dense layers on CPUs with AMX; "
-    "mocheg_jax/models/matmul.py) or float32 throughout. Unset: JAX's setting "
-    "($JAX_DEFAULT_MATMUL_PRECISION, else the backend's default: float32 on CPU). The "
-    "pipeline folder records it for scripts/fact_check.py.")
+    "matmul_precision", "auto", ["auto", "bfloat16", "float32"], "Products of float32 "
+    "arrays: bfloat16 operands with float32 sums (~4x faster dense layers on CPUs with AMX; "
+    "mocheg_jax/models/matmul.py) or float32 throughout. auto: JAX's setting where one is "
+    "given ($JAX_DEFAULT_MATMUL_PRECISION), else bfloat16 on a CPU with AMX and the "
+    "backend's default elsewhere (float32 on other CPUs). A stage's config may keep its own "
+    "(config.matmul_precision; the small reranker trains in float32). The pipeline folder "
+    "records the job's setting for scripts/fact_check.py.")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "CONFIG:dotted.key=value, set in configs/CONFIG.py:SCALE for the stage "
     "that uses it (value: a Python literal, else a string); repeatable.")
@@ -77,8 +80,11 @@ def main(argv):
   # stages then train together and process 0 writes the shared outputs.
   distributed.maybe_initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
                                _PROCESS_ID.value, _HEARTBEAT.value)
-  if _MATMUL_PRECISION.value:
-    jax.config.update("jax_default_matmul_precision", _MATMUL_PRECISION.value)
+  precision = _MATMUL_PRECISION.value
+  if precision == "auto":
+    precision = "" if jax.config.jax_default_matmul_precision else matmul.auto_precision()
+  if precision:
+    jax.config.update("jax_default_matmul_precision", precision)
   overrides: dict[str, dict] = {}
   for (name, key), flag in workflow.PAPER_REQUIRED.items():  # --clip, --bert, --bart.
     folder = flags.FLAGS[flag.lstrip("-")].value

@@ -1,20 +1,24 @@
 """How the main job configures its stages: a release folder, per-config overrides, the
 `paper` models' required folders, and scripts/run_pipeline.py's flags (no training here)."""
 
+import functools
 import importlib.util
 import pathlib
 
+import jax
 import pytest
 from absl import app
 
 from mocheg_jax import workflow
 from mocheg_jax.data.report import MochegInputError
+from mocheg_jax.models import matmul
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.utils import configs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@functools.cache  # Loaded once: its absl flags can be defined only once per process.
 def _run_pipeline_script():
   spec = importlib.util.spec_from_file_location("run_pipeline_script",
                                                 REPO / "scripts" / "run_pipeline.py")
@@ -72,6 +76,28 @@ def test_run_pipeline_flags_become_overrides(monkeypatch):
   assert kwargs["overrides"] == {"retrieval_image": {"model.init": "/m/clip"},
                                  "explain": {"explain.init": "/m/bart"},
                                  "verify": {"total_steps": 9}}
+
+
+@pytest.mark.parametrize("flag, env, amx, expected", [
+    ("auto", None, True, "bfloat16"), ("auto", None, False, None),
+    ("auto", "float32", True, "float32"),  # JAX's own setting, given, stays.
+    ("float32", None, True, "float32"), ("bfloat16", None, False, "bfloat16")])
+def test_run_pipeline_picks_the_matmul_precision(flag, env, amx, expected, monkeypatch):
+  script = _run_pipeline_script()
+  monkeypatch.setattr(matmul, "has_amx", lambda: amx)
+  seen = []
+  monkeypatch.setattr(workflow, "run",
+                      lambda *a, **k: seen.append(jax.config.jax_default_matmul_precision))
+  script.flags.FLAGS(["run_pipeline.py", "--scale=tiny", "--workdir=w",
+                      f"--matmul_precision={flag}"])
+  before = jax.config.jax_default_matmul_precision
+  try:
+    jax.config.update("jax_default_matmul_precision", env)
+    script.main([])
+  finally:
+    jax.config.update("jax_default_matmul_precision", before)
+    script.flags.FLAGS.unparse_flags()
+  assert seen == [expected]
 
 
 def test_manifest_names_an_outside_release_by_absolute_path(tmp_path):

@@ -191,3 +191,29 @@ def test_the_precision_is_read_when_tracing_so_a_jitted_function_follows_it():
   np.testing.assert_allclose(product(x, w), exact, rtol=1e-5, atol=1e-4)
   with jax.default_matmul_precision("float32"):
     np.testing.assert_allclose(product(x, w), exact, rtol=1e-5, atol=1e-4)
+
+
+def test_amx_is_read_from_the_cpu_flags(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
+  assert not matmul.has_amx(str(cpuinfo))  # AVX-512 bfloat16 alone: unmeasured, no.
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
+  assert matmul.has_amx(str(cpuinfo))
+  assert not matmul.has_amx(str(tmp_path / "missing"))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU choice")
+def test_auto_precision_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch):
+  monkeypatch.setattr(matmul, "has_amx", lambda: True)
+  assert matmul.auto_precision() == "bfloat16"
+  monkeypatch.setattr(matmul, "has_amx", lambda: False)
+  assert matmul.auto_precision() == ""
+
+
+def test_an_empty_precision_scope_keeps_the_enclosing_setting():
+  with jax.default_matmul_precision("bfloat16"):
+    with matmul.precision_scope(""):
+      assert jax.config.jax_default_matmul_precision == "bfloat16"
+    with matmul.precision_scope("float32"):
+      assert jax.config.jax_default_matmul_precision == "float32"
+    assert jax.config.jax_default_matmul_precision == "bfloat16"

@@ -469,6 +469,61 @@ def test_task_constants_reach_the_loss_as_a_step_argument(one_device_run, tmp_pa
                              rtol=1e-5)
 
 
+def precision_watching_task(config, workdir):
+  """The toy task whose loss notes the matmul precision it is traced under."""
+  task = toy_task.make_task(config, workdir)
+
+  def loss(model, batch):
+    TRACED_PRECISIONS.append(jax.config.jax_default_matmul_precision)
+    return task.loss(model, batch)
+
+  return dataclasses.replace(task, loss=loss)
+
+
+TRACED_PRECISIONS = []
+
+
+@pytest.mark.parametrize("stage, expected", [("", "bfloat16"), ("float32", "float32")])
+def test_a_stage_trains_under_its_own_matmul_precision(stage, expected, tmp_path):
+  """config.matmul_precision: "" keeps the job's setting, a name replaces it for the
+  training (and only there)."""
+  TRACED_PRECISIONS.clear()
+  config = toy_config(**{"mesh.data": 1, "total_steps": 2, "checkpoint_every": 2,
+                         "matmul_precision": stage,
+                         "task": "tests.test_trainer:precision_watching_task"})
+  with jax.default_matmul_precision("bfloat16"):
+    loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
+    assert jax.config.jax_default_matmul_precision == "bfloat16"
+  assert TRACED_PRECISIONS and set(TRACED_PRECISIONS) == {expected}
+
+
+def test_an_unknown_matmul_precision_is_refused_naming_the_field(tmp_path):
+  config = toy_config(**{"matmul_precision": "bf16"})
+  with pytest.raises(ValueError, match="config.matmul_precision: .*bfloat16"):
+    loop.train(config, str(tmp_path), log=lambda _: None)
+
+
+def test_a_training_finished_before_a_trainer_field_existed_stays_finished(
+    one_device_run, monkeypatch):
+  workdir, first = one_device_run
+  original = loop.config_lib.base_config
+
+  def with_a_new_field():
+    config = original()
+    config.a_new_field = 7  # Absent from the finished run's saved config.
+    return config
+
+  monkeypatch.setattr(loop.config_lib, "base_config", with_a_new_field)
+  config = toy_config(**{"mesh.data": 1})
+  config.a_new_field = 7
+  again = loop.train(config, workdir, devices=jax.devices()[:1], log=lambda _: None)
+  assert (again.status, again.step) == ("finished", first.step)
+  config.a_new_field = 8  # Not the default: another config, so not finished.
+  monkeypatch.setattr(loop.task_lib, "resolve", lambda name: None)
+  with pytest.raises(TypeError):
+    loop.train(config, workdir, devices=jax.devices()[:1], log=lambda _: None)
+
+
 def test_a_stop_signal_ends_a_job_step_instead_of_starting_the_next(monkeypatch, capsys):
   from absl import flags
   from mocheg_jax.retrieval import stage as retrieval_stage

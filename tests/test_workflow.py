@@ -83,7 +83,7 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   shutil.copytree(workdir, copy, symlinks=True)
   stamp = os.path.getmtime(copy / "release" / "Corpus3.csv")
   lines = []
-  with _original_aside(workdir):
+  with _original_aside(workdir), jax.default_matmul_precision(tiny_job.PRECISION):
     workflow.run("tiny", str(copy), seed=0, log=lines.append, overrides=tiny_job.OVERRIDES)
     assert manifest_lib.read_manifest(str(copy)).moved == (str(workdir), str(copy))
   assert any(f"was written at {workdir}" in line for line in lines)
@@ -276,10 +276,10 @@ def test_fact_checker_reproduces_the_main_jobs_system_rows(main_job, rerun):
   other_weight = 0.0 if 0 < weight < 1 else 0.5  # The other path: a mix, or no reranking.
   other = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
       manifest.settings, rerank_weight=other_weight)))
-  # The job ran at JAX's default precision and its folder says so; a folder recording
+  # The job ran at the precision it was given and its folder says so; a folder recording
   # bfloat16 products has its claims checked under that setting, whatever this process's
   # (the tiny models are too narrow to round: models/matmul.py, so the setting is watched).
-  assert summary["matmul_precision"] == manifest.settings.matmul_precision == ""
+  assert summary["matmul_precision"] == manifest.settings.matmul_precision == tiny_job.PRECISION
   rounded = FactChecker(dataclasses.replace(manifest, settings=dataclasses.replace(
       manifest.settings, matmul_precision="bfloat16")))
   seen = []

@@ -33,6 +33,11 @@ OVERRIDES = {name: {"total_steps": STEPS, "checkpoint_every": STEPS,
 OVERRIDES["explain"]["explain.sc_start_step"] = 2  # The reward term runs too.
 
 
+# The job's products, pinned: its default ("auto") picks bfloat16 on CPUs with AMX, and the
+# tests compare the job with runs in their own process, at JAX's default.
+PRECISION = "float32"
+
+
 def override_flags() -> list[str]:
   """OVERRIDES as scripts/run_pipeline.py's --override flags."""
   return [f"--override={name}:{key}={value}"
@@ -84,7 +89,8 @@ def start_one_process(root: Path) -> Started:
   """Starts the cut tiny main job into root/workdir: one process, 2 CPU devices."""
   workdir, runs = root / "workdir", _runs(root)
   runs.start("tiny_main_job", "scripts/run_pipeline.py",
-             ["--scale=tiny", *override_flags(), f"--workdir={workdir}", "--distributed=off"],
+             ["--scale=tiny", *override_flags(), f"--matmul_precision={PRECISION}",
+              f"--workdir={workdir}", "--distributed=off"],
              job_environment(root))
   return Started(runs, workdir, "tiny_main_job")
 
@@ -100,6 +106,7 @@ def start_two_processes(root: Path) -> Started:
   env["XLA_FLAGS"] += f" {YNNPACK_OFF}"
   for process in range(2):
     runs.start(f"process{process}", "scripts/run_pipeline.py",
-               ["--scale=tiny", *override_flags(), f"--workdir={workdir}",
-                *process_flags(coordinator, 2, process, style="flags")], env)
+               ["--scale=tiny", *override_flags(), f"--matmul_precision={PRECISION}",
+                f"--workdir={workdir}", *process_flags(coordinator, 2, process, style="flags")],
+               env)
   return Started(runs, workdir, "process0")

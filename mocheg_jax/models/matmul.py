@@ -20,6 +20,7 @@ does not require it). CPUs with AMX run such dots ~4x faster than float32 ones
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -40,6 +41,29 @@ def bfloat16_products() -> bool:
   of BFLOAT16_PRECISIONS (read while tracing: the setting is part of jit's cache key, so
   changing it retraces)."""
   return _on_cpu() and jax.config.jax_default_matmul_precision in BFLOAT16_PRECISIONS
+
+
+def precision_scope(precision: str):
+  """jax.default_matmul_precision(precision) for a non-empty name; "" changes nothing (the
+  enclosing setting stays, where JAX's own context manager would reset it)."""
+  return jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
+
+
+def has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+  """Whether the CPU has AMX bfloat16 tiles (Linux's cpuinfo flag amx_bf16)."""
+  try:
+    with open(cpuinfo) as f:
+      return any(line.startswith("flags") and "amx_bf16" in line.split() for line in f)
+  except OSError:  # Not Linux: no flags to read, so no claim about the CPU.
+    return False
+
+
+def auto_precision() -> str:
+  """The matmul precision a job may pick for speed when none is asked for: "bfloat16" on a
+  CPU with AMX, where those products run ~4x faster (BENCHMARKS.md, "bfloat16 products");
+  "" (JAX's default) elsewhere: other CPUs' bfloat16 paths are unmeasured, and GPUs and TPUs
+  have defaults of their own."""
+  return "bfloat16" if _on_cpu() and has_amx() else ""
 
 
 def _rounds(x: jax.Array, w: jax.Array) -> bool:

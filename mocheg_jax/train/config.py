@@ -7,6 +7,7 @@ mistyped `--config.x.y=...` override is an error rather than a silently ignored 
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from mocheg_jax.parallel import mesh as mesh_lib
@@ -35,6 +36,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.async_checkpoints = True
   c.freeze = ""  # Regex of parameter paths that are not trained (no gradients, no state).
   c.param_dtype = "float32"
+  # jax_default_matmul_precision while this config trains and evaluates ("": the process's
+  # own setting). E.g. "float32" keeps one stage's products exact in a job run under
+  # "bfloat16" (models/matmul.py says what that setting does on CPU).
+  c.matmul_precision = ""
   # > 0: keep an exponential moving average of the trainable parameters with this decay
   # (ramped up over the first steps: train/step.py), and evaluate, select and load for
   # inference the averaged model instead of the last parameters.
@@ -87,5 +92,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if isinstance(c.ema_decay, bool) or not isinstance(c.ema_decay, (int, float)) \
       or not 0.0 <= c.ema_decay < 1.0:
     raise ValueError(f"config.ema_decay must be a number in [0, 1), got {c.ema_decay!r}")
+  if c.matmul_precision:
+    try:  # JAX's own check, so every name it accepts is accepted.
+      with jax.default_matmul_precision(c.matmul_precision):
+        pass
+    except ValueError as e:
+      raise ValueError(f"config.matmul_precision: {e}") from None
   if c.best_mode not in BEST_MODES:
     raise ValueError(f"config.best_mode must be one of {BEST_MODES}, got {c.best_mode!r}")

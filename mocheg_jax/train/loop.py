@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from mocheg_jax.models import matmul
 from mocheg_jax.parallel import distributed
 from mocheg_jax.parallel import mesh as mesh_lib
 from mocheg_jax.parallel import rules as rules_lib
@@ -206,8 +207,11 @@ def _finished_before(config: ml_collections.ConfigDict, workdir: str) -> int | N
     if latest is None or latest != config.total_steps:
       return None
     saved = checkpoints.restore_config(latest)
-  return latest if paths.same_record(saved, json.loads(json.dumps(config.to_dict())),
-                                     None) else None
+  # Fields added since that run read as their defaults, as when its checkpoint is loaded.
+  from mocheg_jax.train import restore  # Here: restore imports this module.
+  saved = restore.saved_config(saved).to_dict()
+  return latest if paths.same_record(json.loads(json.dumps(saved)),
+                                     json.loads(json.dumps(config.to_dict())), None) else None
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, *,
@@ -224,6 +228,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     ValueError: an invalid config or data that do not match the task.
   """
   config_lib.validate(config)
+  with matmul.precision_scope(config.matmul_precision):
+    return _train(config, workdir, devices, log)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str,
+           devices: Sequence[jax.Device] | None, log: Callable[[str], None]) -> TrainResult:
   primary = distributed.is_primary()
   say = log if primary else (lambda _: None)
   os.makedirs(workdir, exist_ok=True)
