@@ -18,6 +18,15 @@ from mocheg_jax.utils import configs
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _precision_restored():
+  """run_pipeline's main sets JAX's matmul precision for the process (bfloat16 on CPUs with
+  AMX by default): each test here gets the process's setting back."""
+  before = jax.config.jax_default_matmul_precision
+  yield
+  jax.config.update("jax_default_matmul_precision", before)
+
+
 @functools.cache  # Loaded once: its absl flags can be defined only once per process.
 def _run_pipeline_script():
   spec = importlib.util.spec_from_file_location("run_pipeline_script",
@@ -90,12 +99,10 @@ def test_run_pipeline_picks_the_matmul_precision(flag, env, amx, expected, monke
                       lambda *a, **k: seen.append(jax.config.jax_default_matmul_precision))
   script.flags.FLAGS(["run_pipeline.py", "--scale=tiny", "--workdir=w",
                       f"--matmul_precision={flag}"])
-  before = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_default_matmul_precision", env)
   try:
-    jax.config.update("jax_default_matmul_precision", env)
     script.main([])
   finally:
-    jax.config.update("jax_default_matmul_precision", before)
     script.flags.FLAGS.unparse_flags()
   assert seen == [expected]
 
