@@ -469,6 +469,9 @@ def test_task_constants_reach_the_loss_as_a_step_argument(one_device_run, tmp_pa
                              rtol=1e-5)
 
 
+TRACED_PRECISIONS = []  # precision_watching_task's notes, in tracing order.
+
+
 def precision_watching_task(config, workdir):
   """The toy task whose loss notes the matmul precision it is traced under."""
   task = toy_task.make_task(config, workdir)
@@ -478,9 +481,6 @@ def precision_watching_task(config, workdir):
     return task.loss(model, batch)
 
   return dataclasses.replace(task, loss=loss)
-
-
-TRACED_PRECISIONS = []
 
 
 @pytest.mark.parametrize("stage, expected", [("", "bfloat16"), ("float32", "float32")])
@@ -514,13 +514,14 @@ def test_a_training_finished_before_a_trainer_field_existed_stays_finished(
     return config
 
   monkeypatch.setattr(loop.config_lib, "base_config", with_a_new_field)
+  built = []  # A finished training builds no task (a resumed one would, then stop at once).
+  monkeypatch.setattr(loop.task_lib, "resolve", lambda name: built.append(name))
   config = toy_config(**{"mesh.data": 1})
   config.a_new_field = 7
   again = loop.train(config, workdir, devices=jax.devices()[:1], log=lambda _: None)
-  assert (again.status, again.step) == ("finished", first.step)
+  assert (again.status, again.step) == ("finished", first.step) and not built
   config.a_new_field = 8  # Not the default: another config, so not finished.
-  monkeypatch.setattr(loop.task_lib, "resolve", lambda name: None)
-  with pytest.raises(TypeError):
+  with pytest.raises(TypeError):  # What the stubbed resolve returned is no task factory.
     loop.train(config, workdir, devices=jax.devices()[:1], log=lambda _: None)
 
 
