@@ -561,6 +561,50 @@ def test_token_match_marks_the_claim_tokens_each_item_repeats(store_dir, tokeniz
   assert (0.0, 1.0) in seen  # Items that repeat some claim words and not others.
 
 
+def test_match_bits_tell_a_name_from_the_same_words_in_another_order():
+  # Claim "[CLS] the pellarda river teems [SEP]" (ids 0-5), padded with -1.
+  claim = np.array([0, 1, 2, 3, 4, 5, -1, -1])
+  items = np.array([[0, 1, 3, 2, 6, 5, -1, -1],   # [CLS] the river pellarda supports [SEP]
+                    [0, 7, 1, 2, 3, 8, 5, -1],    # [CLS] permits the pellarda river sell ...
+                    [-1] * 8])                    # padding only
+  unigram, phrase = data_lib.match_bits(claim, items)
+  assert unigram.dtype == phrase.dtype == np.float32
+  np.testing.assert_array_equal(unigram, [[1, 1, 1, 1, 0, 1, 0, 0],
+                                          [1, 1, 1, 1, 0, 1, 0, 0],
+                                          [0] * 8])
+  # Only the look-alike's order breaks the name's pairs; [CLS] the is a pair of the first.
+  np.testing.assert_array_equal(phrase, [[1, 1, 0, 0, 0, 0, 0, 0],
+                                         [0, 1, 1, 1, 0, 0, 0, 0],
+                                         [0] * 8])
+
+
+def test_phrase_match_marks_the_claim_tokens_in_pairs_the_item_repeats(store_dir, tokenizer,
+                                                                       gold):
+  store = features.open_store(store_dir)
+  train, _ = gold
+  batches = data_lib.VerificationBatches(train, store, max_claim_len=20, max_text_len=16,
+                                         max_text_items=2, max_images=1, phrase_match=True)
+  assert "text_match" not in batches[0]  # Each kind of bits only when asked for.
+  seen = set()
+  for i, e in enumerate(train):
+    phrase = batches[i]["text_phrase_match"]
+    assert phrase.shape == (2, 20) and phrase.dtype == np.float32
+    claim = list(encoding.tokenize(tokenizer, [e.claim], MAX_TEXT_LEN)[0][:20])
+    for j in range(2):
+      if j >= len(e.texts):
+        assert not phrase[j].any()
+        continue
+      item = list(encoding.tokenize(tokenizer, [e.texts[j]], MAX_TEXT_LEN)[0][:16])
+      item_pairs = set(zip(item, item[1:]))
+      in_pair = [(a, b) in item_pairs for a, b in zip(claim, claim[1:])]
+      want = np.zeros(20)
+      for q in range(len(claim)):
+        want[q] = (q > 0 and in_pair[q - 1]) or (q < len(in_pair) and in_pair[q])
+      np.testing.assert_array_equal(phrase[j], want)
+      seen.add(tuple(np.unique(want[1:len(claim) - 1])))
+  assert (0.0, 1.0) in seen
+
+
 def test_item_relevance_marks_the_items_among_the_claims_gold_evidence(store_dir, gold):
   store = features.open_store(store_dir)
   train, _ = gold

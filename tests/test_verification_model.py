@@ -301,47 +301,64 @@ def test_cosine_text_attention_with_images_has_finite_gradients():
   assert abs(float(grads.text_log_scale[...])) > 0  # The temperature learns.
 
 
-def _with_token_match(batch: dict, seed: int) -> dict:
-  """Adds random match bits, set on padding (absent items, padded claim tokens) too."""
+def _with_match_bits(batch: dict, field: str, seed: int) -> dict:
+  """Adds random match bits as `field`, set on padding (absent items, padded claim tokens)
+  too."""
   b, nt = batch["text"].shape[:2]
   bits = np.random.default_rng(seed).random((b, nt, batch["claim"].shape[1])) < 0.5
-  return dict(batch, text_match=jnp.asarray(bits, jnp.float32))
+  return dict(batch, **{field: jnp.asarray(bits, jnp.float32)})
 
 
-def test_token_match_adds_a_layer_that_reads_only_real_bits():
+@pytest.mark.parametrize("option,field,layer", [
+    ("token_match", "text_match", "match_fuse"),
+    ("phrase_match", "text_phrase_match", "phrase_fuse")])
+def test_match_bits_add_a_layer_that_reads_only_real_bits(option, field, layer):
   claims = make_claims(15)
   plain = build(15, use_image=False, text_attention="cosine")
-  model = build(16, use_image=False, text_attention="cosine", token_match=True)
-  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, match_fuse its own.
+  model = build(16, use_image=False, text_attention="cosine", **{option: True})
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, the new one its own.
   keys = ("claim", "claim_mask", "text", "text_mask")
-  batch = _with_token_match({k: v for k, v in make_batch(claims, seed=1).items()
-                             if k in keys}, 15)
+  batch = _with_match_bits({k: v for k, v in make_batch(claims, seed=1).items()
+                            if k in keys}, field, 15)
   with_bits = run(model, batch)
-  # With match_fuse at zero the model is the plain one: the bits are its only new input.
+  # With the new layer at zero the model is the plain one: the bits are its only new input.
   zeroed = nnx.clone(model)
-  nnx.update(zeroed.match_fuse,
-             jax.tree.map(jnp.zeros_like, nnx.state(zeroed.match_fuse, nnx.Param)))
+  nnx.update(getattr(zeroed, layer),
+             jax.tree.map(jnp.zeros_like, nnx.state(getattr(zeroed, layer), nnx.Param)))
   np.testing.assert_allclose(run(zeroed, batch), run(plain, {k: batch[k] for k in keys}),
                              atol=1e-5, rtol=1e-5)
   assert np.abs(run(zeroed, batch) - with_bits).max() > 1e-3
   # Flipping real bits changes the logits; bits on padding (absent items, padded claim
   # tokens) do not.
   real = batch["text_mask"].any(-1)[:, :, None] & batch["claim_mask"][:, None, :]
-  flipped = jnp.where(real, 1 - batch["text_match"], batch["text_match"])
-  assert np.abs(run(model, dict(batch, text_match=flipped)) - with_bits).max() > 1e-3
+  flipped = jnp.where(real, 1 - batch[field], batch[field])
+  assert np.abs(run(model, dict(batch, **{field: flipped})) - with_bits).max() > 1e-3
   padded = make_batch(claims, items=(5, 1), tokens=14, seed=2)
-  padded = _with_token_match({k: v for k, v in padded.items() if k in keys}, 16)
-  b, nt, lc = batch["text_match"].shape
-  padded["text_match"] = padded["text_match"].at[:, :nt, :lc].set(batch["text_match"])
+  padded = _with_match_bits({k: v for k, v in padded.items() if k in keys}, field, 16)
+  b, nt, lc = batch[field].shape
+  padded[field] = padded[field].at[:, :nt, :lc].set(batch[field])
   np.testing.assert_allclose(run(model, padded), with_bits, atol=2e-5, rtol=1e-5)
 
   grads = _grads(model, batch)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
-  assert np.abs(np.asarray(grads.match_fuse.kernel[...])).max() > 0
-  with pytest.raises(ValueError, match="token_match=True needs text_match"):
+  assert np.abs(np.asarray(getattr(grads, layer).kernel[...])).max() > 0
+  with pytest.raises(ValueError, match=f"{option}=True needs {field}"):
     model(**{k: batch[k] for k in keys})
-  with pytest.raises(ValueError, match="token_match needs use_text"):
-    StanceConfig(**SMALL, use_text=False, token_match=True)
+  with pytest.raises(ValueError, match=f"{option} needs use_text"):
+    StanceConfig(**SMALL, use_text=False, **{option: True})
+
+
+def test_token_and_phrase_bits_each_reach_the_model_through_their_own_layer():
+  claims = make_claims(18)
+  model = build(18, use_image=False, text_attention="cosine", token_match=True,
+                phrase_match=True)
+  keys = ("claim", "claim_mask", "text", "text_mask")
+  batch = _with_match_bits({k: v for k, v in make_batch(claims, seed=4).items()
+                            if k in keys}, "text_match", 18)
+  batch = _with_match_bits(batch, "text_phrase_match", 19)
+  swapped = dict(batch, text_match=batch["text_phrase_match"],
+                 text_phrase_match=batch["text_match"])
+  assert np.abs(run(model, swapped) - run(model, batch)).max() > 1e-3
 
 
 def test_max_item_pool_takes_the_elementwise_max_over_present_items():

@@ -80,11 +80,11 @@ def test_every_evidence_mode_is_a_config_switch(trained, tmp_path, mode, kind):
                                                                 kind == "image")
 
 
-def test_token_match_max_pooling_word_queries_and_item_gates_train_and_predict(trained,
-                                                                               tmp_path):
+def test_match_bits_max_pooling_word_queries_and_item_gates_train_and_predict(trained,
+                                                                              tmp_path):
   root, _ = trained
-  config = _config(root / "data", root / "features", token_match=True, item_pool="max",
-                   image_query="words", item_gate=True, image_gate=True)
+  config = _config(root / "data", root / "features", token_match=True, phrase_match=True,
+                   item_pool="max", image_query="words", item_gate=True, image_gate=True)
   config.total_steps, config.eval_every = 4, 4
   result = loop.train(config, str(tmp_path), devices=jax.devices()[:1], log=lambda _: None)
   assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
@@ -92,6 +92,7 @@ def test_token_match_max_pooling_word_queries_and_item_gates_train_and_predict(t
   model = trained_run.model
   assert model.config.token_match and model.config.item_pool == "max"
   assert model.match_fuse is not None and model.config.image_query == "words"
+  assert model.config.phrase_match and model.phrase_fuse is not None
   # The gate trained with its auxiliary loss (gold evidence: every item relevant).
   assert model.item_gate is not None and 0 < result.metrics["item_relevance_loss"] < 1
   assert model.image_gate is not None and 0 < result.metrics["image_relevance_loss"] < 1

@@ -11,6 +11,10 @@ image       [Ni, P, Dv]   patch states, first Ni images
 image_mask  [Ni]          bool item presence (every patch of a present image is attended)
 text_match  [Nt, Lc]      float32, only with `token_match`: 1 where the claim token's id
                           occurs among the item's tokens (special tokens included)
+text_phrase_match [Nt, Lc] float32, only with `phrase_match`: 1 where the claim token and
+                          a neighbour of it in the claim occur side by side, in that order,
+                          in the item ("the Pellarda River" against "the River Pellarda":
+                          every word matches, no name pair does)
 claim_ids   [Lc]          int32, only with `claim_ids`: the claim's token ids, -1 on padding
 image_score [Ni]          float32, only with `image_score`: cosine of CLIP's embeddings of
                           the claim and each image (0 for absent images; the store must
@@ -78,6 +82,22 @@ class CutCounts:
             f"{self.claims_truncated} claims and {self.texts_truncated} text items")
 
 
+def match_bits(claim_ids: np.ndarray, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Exact-match bits of claim tokens [Lc] in items [n, Lt] (-1: padding on either side):
+  ([n, Lc] whether the token's id occurs in the item, [n, Lc] whether the token and a
+  neighbour of it in the claim stand side by side, in the claim's order, in the item),
+  float32, 0 on claim padding."""
+  real = claim_ids >= 0
+  same = (claim_ids[None, :, None] == item_ids[:, None, :]) & real[None, :, None]
+  unigram = same.any(-1)
+  # pair[n, q]: claim tokens q and q + 1 at item positions j and j + 1 for some j.
+  pair = (same[:, :-1, :-1] & same[:, 1:, 1:]).any(-1)  # [n, Lc - 1]
+  phrase = np.zeros_like(unigram)
+  phrase[:, :-1] |= pair
+  phrase[:, 1:] |= pair
+  return unigram.astype(np.float32), phrase.astype(np.float32)
+
+
 class VerificationBatches:
   """Fixed-shape examples of claims with their evidence (see the module docstring).
 
@@ -89,8 +109,9 @@ class VerificationBatches:
                max_text_len: int = DEFAULT_MAX_TEXT_LEN,
                max_text_items: int = DEFAULT_MAX_TEXT_ITEMS,
                max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None,
-               token_match: bool = False, claim_ids: bool = False,
-               image_score: bool = False, item_relevance: bool = False):
+               token_match: bool = False, phrase_match: bool = False,
+               claim_ids: bool = False, image_score: bool = False,
+               item_relevance: bool = False):
     for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
                         ("max_text_items", max_text_items), ("max_images", max_images)):
       if value < 1:
@@ -99,7 +120,8 @@ class VerificationBatches:
     self.max_claim_len, self.max_text_len = max_claim_len, max_text_len
     self.max_text_items, self.max_images = max_text_items, max_images
     self.dtype = np.dtype(dtype or store.manifest.dtype)
-    self.token_match, self.claim_ids, self.image_score = token_match, claim_ids, image_score
+    self.token_match, self.phrase_match = token_match, phrase_match
+    self.claim_ids, self.image_score = claim_ids, image_score
     self.item_relevance = item_relevance
     if image_score and not store.manifest.embed_dim:
       raise MochegInputError(f"{store.dir}: image_score needs a feature store with CLIP "
@@ -168,10 +190,14 @@ class VerificationBatches:
     if texts:
       text[:len(texts)], text_mask[:len(texts)] = self.store.text(texts, self.max_text_len)
     ids = {}  # Optional inputs, when asked for: the claim's ids are read once for both.
-    if self.token_match or self.claim_ids:
+    if self.token_match or self.phrase_match or self.claim_ids:
       claim_ids = self.store.token_ids([e.claim], self.max_claim_len)[0]  # [Lc], -1 padding
-      if self.token_match:
-        ids["text_match"] = self._token_match(claim_ids, texts)
+      if self.token_match or self.phrase_match:
+        unigram, phrase = self._token_matches(claim_ids, texts)
+        if self.token_match:
+          ids["text_match"] = unigram
+        if self.phrase_match:
+          ids["text_phrase_match"] = phrase
       if self.claim_ids:
         ids["claim_ids"] = claim_ids
     images = e.images[:self.max_images]
@@ -190,15 +216,16 @@ class VerificationBatches:
         "label": np.int32(e.label), "claim_id": np.int32(e.claim_id), "valid": np.bool_(True),
     }
 
-  def _token_match(self, claim_ids: np.ndarray, texts: Sequence[str]) -> np.ndarray:
-    """[Nt, Lc] float32: whether each claim token's id (-1: padding) is among each item's
-    (as cut to the lengths the model sees); 0 on padding."""
-    out = np.zeros((self.max_text_items, self.max_claim_len), np.float32)
+  def _token_matches(self, claim_ids: np.ndarray, texts: Sequence[str]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """`match_bits` of the claim against each item (as cut to the lengths the model sees),
+    [Nt, Lc] each, 0 on absent items."""
+    unigram = np.zeros((self.max_text_items, self.max_claim_len), np.float32)
+    phrase = np.zeros_like(unigram)
     if texts:
       item_ids = self.store.token_ids(texts, self.max_text_len)  # [n, Lt]
-      hits = (claim_ids[None, :, None] == item_ids[:, None, :]).any(-1)
-      out[:len(texts)] = hits & (claim_ids >= 0)[None]
-    return out
+      unigram[:len(texts)], phrase[:len(texts)] = match_bits(claim_ids, item_ids)
+    return unigram, phrase
 
   def _image_score(self, claim: str, images: Sequence[str]) -> np.ndarray:
     """[Ni] float32: cosine of the claim's and each image's CLIP embedding; 0 on padding."""

@@ -121,6 +121,12 @@ class StanceConfig:
   # claim words the evidence repeats. "Any" matters because the items are pooled after the
   # claim tokens: a value one sentence states is unmatched in all the others.
   token_match: bool = False
+  # Beyond the paper: the same form again (`phrase_fuse`) on `text_phrase_match`, per claim
+  # token whether it and a neighbour of it in the claim stand side by side in the item.
+  # Look-alike entities share their names' words in another order ("the Pellarda River",
+  # "the River Pellarda"): a sentence about the look-alike repeats every word of the
+  # claim's name, and only the pairs tell it is about someone else.
+  phrase_match: bool = False
   # How a modality's items are pooled into its stance vector: "mean" (the reference) or
   # "max" (beyond the paper). With a mean, the one sentence that states a claim's value is
   # outvoted by the claim's other evidence items, which look like evidence for nothing.
@@ -193,7 +199,7 @@ class StanceConfig:
     if self.missing_modality not in MISSING_MODALITY_MODES:
       raise ValueError(f"unknown missing_modality {self.missing_modality!r}; expected one "
                        f"of {MISSING_MODALITY_MODES}")
-    for name in ("token_match", "item_context", "item_gate"):
+    for name in ("token_match", "phrase_match", "item_context", "item_gate"):
       if getattr(self, name) and not self.use_text:
         raise ValueError(f"StanceConfig.{name} needs use_text")
     if self.image_gate and not self.use_image:
@@ -311,6 +317,8 @@ class StanceDetector(nnx.Module):
         if config.image_query == "words" else None)
     self.match_fuse = (layers.Dense(3 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                        if config.token_match else None)
+    self.phrase_fuse = (layers.Dense(3 * config.text_dim, config.hidden, ("embed", "mlp"), **kw)
+                        if config.phrase_match else None)
     self.score_fuse = (layers.Dense(max(len(config.score_thresholds), 1), config.hidden,
                                     (None, "mlp"), **kw)
                        if config.image_score else None)
@@ -403,11 +411,22 @@ class StanceDetector(nnx.Module):
                          evidence.astype(jnp.float32))
     return context.astype(self.fuse.dtype or jnp.float32)
 
+  @staticmethod
+  def _match_term(fuse: layers.Dense, bits: jax.Array, c: jax.Array, present: jax.Array
+                  ) -> jax.Array:
+    """fuse([bits * c ; any * c ; c - any * c]) [B, N, Lc, hidden] for per-item bits
+    [B, N, Lc] over claim tokens c [B, 1, Lc, Dt]; "any": the bit in any present item."""
+    bits = jnp.where(present[..., None], bits.astype(c.dtype), 0)  # [B, N, Lc]
+    anywhere = bits.max(1, keepdims=True)[..., None] * c  # [B, 1, Lc, Dt]
+    anywhere = jnp.broadcast_to(anywhere, bits.shape + c.shape[-1:])
+    return fuse(jnp.concatenate([bits[..., None] * c, anywhere, c - anywhere], axis=-1))
+
   def _stance(self, attn: layers.Attention | None, claim: jax.Array, claim_mask: jax.Array,
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
               deterministic: bool, read: nnx.Module | None = None,
-              match: jax.Array | None = None, score: jax.Array | None = None,
-              context: bool = False, gate: nnx.Module | None = None
+              match: jax.Array | None = None, phrase: jax.Array | None = None,
+              score: jax.Array | None = None, context: bool = False,
+              gate: nnx.Module | None = None
               ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """One modality's stance vector [B, hidden], whether it has any item [B], and the item
     gate's logits [B, N] (None without `gate`).
@@ -415,7 +434,8 @@ class StanceDetector(nnx.Module):
     claim [B, Lc, Dt], claim_mask [B, Lc] bool, evidence [B, N, L, E], key_mask [B, N, L]
     bool, present [B, N] bool. attn None: the cosine alignment (text only); `read` (an
     image_reads module): that read instead of attention + fusion; `match` [B, N, Lc]: the
-    token-match bits (text only, with config.token_match); `score` [B, N]: the claim-item
+    token-match bits (text only, with config.token_match); `phrase` [B, N, Lc]: the
+    phrase-match bits (text only, with config.phrase_match); `score` [B, N]: the claim-item
     CLIP cosines (images only, with config.image_score); `context`: add the items' context
     (`_context`; text only, with config.item_context); `gate`: scale each item by
     sigmoid(gate(item)) before pooling (config.item_gate, config.image_gate).
@@ -433,11 +453,9 @@ class StanceDetector(nnx.Module):
       c = claim[:, None].astype(m.dtype)  # [B, 1, Lc, Dt]
       h = self.fuse(jnp.concatenate([m - c, m * c], axis=-1))  # [B, N, Lc, hidden]
       if match is not None:
-        match = jnp.where(present[..., None], match.astype(c.dtype), 0)  # [B, N, Lc]
-        anywhere = match.max(1, keepdims=True)[..., None] * c  # [B, 1, Lc, Dt]
-        anywhere = jnp.broadcast_to(anywhere, h.shape[:3] + c.shape[-1:])
-        h = h + self.match_fuse(jnp.concatenate(
-            [match[..., None] * c, anywhere, c - anywhere], axis=-1))
+        h = h + self._match_term(self.match_fuse, match, c, present)
+      if phrase is not None:
+        h = h + self._match_term(self.phrase_fuse, phrase, c, present)
       if context:
         h = h + self.context_fuse(self._context(claim, claim_mask, evidence, keys))[:, :, None]
       h = jax.nn.leaky_relu(h, self.config.leaky_relu_slope)
@@ -466,7 +484,8 @@ class StanceDetector(nnx.Module):
                text: jax.Array | None = None, text_mask: jax.Array | None = None,
                image: jax.Array | None = None, image_mask: jax.Array | None = None,
                text_match: jax.Array | None = None, claim_ids: jax.Array | None = None,
-               image_score: jax.Array | None = None, *,
+               image_score: jax.Array | None = None,
+               text_phrase_match: jax.Array | None = None, *,
                deterministic: bool = True, return_item_gates: bool = False):
     """Logits [B, num_classes] (float32); with `return_item_gates`, (logits, gates): the
     item gates' logits by modality, "text" [B, Nt] with config.item_gate and "image"
@@ -480,6 +499,8 @@ class StanceDetector(nnx.Module):
         patch attended) or [B, Ni, P] (present iff any patch is). Needed iff use_image.
       text_match: [B, Nt, Lc] 0/1, whether claim token q's id occurs in text item n. Needed
         iff token_match.
+      text_phrase_match: [B, Nt, Lc] 0/1, whether claim token q and a neighbour of it in the
+        claim occur side by side in text item n. Needed iff phrase_match.
       claim_ids: [B, Lc] int, the claim's token ids. Needed iff image_query="words".
       image_score: [B, Ni] float, the cosine of CLIP's claim and image embeddings. Needed
         iff config.image_score.
@@ -499,6 +520,11 @@ class StanceDetector(nnx.Module):
       if text_match is None:
         raise ValueError("token_match=True needs text_match")
       _check("text_match", text_match, 3, lead=(*text.shape[:2], claim.shape[1]))
+    if cfg.phrase_match:
+      if text_phrase_match is None:
+        raise ValueError("phrase_match=True needs text_phrase_match")
+      _check("text_phrase_match", text_phrase_match, 3,
+             lead=(*text.shape[:2], claim.shape[1]))
     if cfg.use_image:
       if image is None or image_mask is None:
         raise ValueError("use_image=True needs image and image_mask")
@@ -519,6 +545,7 @@ class StanceDetector(nnx.Module):
       s, p, gates["text"] = self._stance(
           self.text_attention, claim, claim_mask, text, text_mask, text_mask.any(-1),
           deterministic, match=text_match if cfg.token_match else None,
+          phrase=text_phrase_match if cfg.phrase_match else None,
           context=cfg.item_context, gate=self.item_gate)
       stances.append(s)
       presents.append(p)

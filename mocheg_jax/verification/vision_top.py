@@ -64,9 +64,8 @@ class TunedVisionStance(nnx.Module):
   def __call__(self, claim: jax.Array, claim_mask: jax.Array,
                text: jax.Array | None = None, text_mask: jax.Array | None = None,
                image: jax.Array | None = None, image_mask: jax.Array | None = None,
-               text_match: jax.Array | None = None, claim_ids: jax.Array | None = None,
-               image_score: jax.Array | None = None, *,
-               deterministic: bool = True) -> jax.Array:
+               **inputs) -> jax.Array:
+    """`inputs`: the detector's other inputs and options, passed on as they are."""
     if image is None or image.ndim != 4:
       raise ValueError("image must be class token + patch tokens [B, Ni, 1 + P, Dv], got "
                        f"{None if image is None else tuple(image.shape)}")
@@ -74,7 +73,7 @@ class TunedVisionStance(nnx.Module):
       raise ValueError("tuned vision blocks take item presence image_mask [B, Ni], got "
                        f"shape {tuple(image_mask.shape)}")
     return self.stance(claim, claim_mask, text, text_mask, self.vision_top(image), image_mask,
-                       text_match, claim_ids, image_score, deterministic=deterministic)
+                       **inputs)
 
 
 def initial_params(frozen: clip.CLIPModel, num_layers: int) -> dict:
