@@ -522,10 +522,18 @@ def test_embeddings_are_clips_unit_vectors_and_give_the_image_score(tmp_path, st
   image = store.image_embedding(e.images).astype(np.float32)[0]
   np.testing.assert_allclose(example["image_score"], [image @ claim, 0.0], rtol=1e-6)
   assert abs(example["image_score"][0]) > 1e-3  # Not zero by accident.
+  assert "image_embed" not in example
+  embedded = data_lib.VerificationBatches(train, store, max_images=2, image_embeds=True)
+  example = embedded[with_images]
+  assert "image_score" not in example
+  np.testing.assert_allclose(example["claim_embed"], claim)
+  np.testing.assert_allclose(example["image_embed"], [image, np.zeros_like(image)])
+  assert example["image_embed"].dtype == example["claim_embed"].dtype == np.float32
 
   plain = features.open_store(store_dir)  # Built without embeddings.
-  with pytest.raises(MochegInputError, match="image_score needs a feature store with CLIP"):
-    data_lib.VerificationBatches(train, plain, image_score=True)
+  for name in ("image_score", "image_embeds"):
+    with pytest.raises(MochegInputError, match=f"{name} needs a feature store with CLIP"):
+      data_lib.VerificationBatches(train, plain, **{name: True})
   with pytest.raises(MochegInputError, match="holds no CLIP embeddings"):
     plain.text_embedding(picks)
   with pytest.raises(MochegInputError, match="embed_dim"):  # One store: all parts or none.

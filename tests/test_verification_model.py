@@ -453,6 +453,60 @@ def test_image_score_reaches_each_present_item_through_its_own_layer(thresholds)
     StanceConfig(**SMALL, use_image=False, image_score=True)
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_image_embeds_reach_each_present_item_through_their_own_layer():
+  claims = make_claims(23)
+  plain = build(23, item_pool="max")
+  model = build(24, item_pool="max", image_embeds=True, embed_dim=8)
+  assert model.embed_fuse.kernel.shape == (3 * 8, SMALL["hidden"])
+  nnx.update(model, nnx.state(plain, nnx.Param))  # Shared layers equal, embed_fuse its own.
+  batch = make_batch(claims, seed=6)
+  rng = np.random.default_rng(23)
+  b, ni = batch["image_mask"].shape
+  images = _unit(rng.normal(size=(b, ni, 8)))
+  batch.update(image_embed=jnp.asarray(images, jnp.float32),
+               claim_embed=jnp.asarray(_unit(rng.normal(size=(b, 8))), jnp.float32))
+  logits = run(model, batch)
+  present = np.asarray(batch["image_mask"], bool)
+  other = _unit(rng.normal(size=images.shape))
+  moved = jnp.asarray(np.where(present[..., None], other, images), jnp.float32)
+  assert np.abs(run(model, dict(batch, image_embed=moved)) - logits).max() > 1e-3
+  absent = jnp.asarray(np.where(present[..., None], images, other), jnp.float32)
+  np.testing.assert_allclose(run(model, dict(batch, image_embed=absent)), logits, atol=1e-6)
+  # With embed_fuse at zero the model is the plain one: the embeddings are its only new input.
+  zeroed = nnx.clone(model)
+  nnx.update(zeroed.embed_fuse,
+             jax.tree.map(jnp.zeros_like, nnx.state(zeroed.embed_fuse, nnx.Param)))
+  without = {k: v for k, v in batch.items() if k not in ("image_embed", "claim_embed")}
+  np.testing.assert_allclose(run(zeroed, batch), run(plain, without), atol=1e-5, rtol=1e-5)
+
+  assert np.abs(np.asarray(_grads(model, batch).embed_fuse.kernel[...])).max() > 0
+  with pytest.raises(ValueError, match="image_embeds=True needs image_embed and claim_embed"):
+    model(**without)
+  with pytest.raises(ValueError, match="claim_embed has feature size 4"):
+    model(**dict(batch, claim_embed=batch["claim_embed"][:, :4]))
+  with pytest.raises(ValueError, match="image_embeds needs use_image"):
+    StanceConfig(**SMALL, use_image=False, image_embeds=True, embed_dim=8)
+  with pytest.raises(ValueError, match="image_embeds needs embed_dim"):
+    StanceConfig(**SMALL, image_embeds=True)
+
+
+def test_embed_features_are_the_product_and_both_embeddings_at_unit_scale():
+  rng = np.random.default_rng(0)
+  image, claim = _unit(rng.normal(size=(2, 3, 16))), _unit(rng.normal(size=(2, 16)))
+  got = np.asarray(stance.embed_features(jnp.asarray(image), jnp.asarray(claim)))
+  assert got.shape == (2, 3, 48)
+  product = got[..., :16] / 16  # Its sum over E is the cosine.
+  np.testing.assert_allclose(product.sum(-1), np.einsum("bne,be->bn", image, claim),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got[..., 16:32], 4 * image, rtol=1e-6)
+  np.testing.assert_allclose(got[..., 32:], np.broadcast_to(4 * claim[:, None], (2, 3, 16)),
+                             rtol=1e-6)
+
+
 def test_score_thresholds_give_one_soft_step_per_threshold():
   cos = jnp.array([-1.0, 0.0, 0.5, 0.9, 0.95, 1.0])
   np.testing.assert_allclose(stance.score_features(cos), 10.0 * cos[:, None], rtol=1e-6)

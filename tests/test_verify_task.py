@@ -105,16 +105,20 @@ def test_match_bits_max_pooling_word_queries_and_item_gates_train_and_predict(tr
   np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-5)
 
 
-def test_image_score_builds_a_store_with_embeddings_and_trains(trained, tmp_path):
+@pytest.mark.parametrize("option", ["image_score", "image_embeds"])
+def test_image_embedding_options_build_a_store_with_embeddings_and_train(trained, tmp_path,
+                                                                          option):
   root, _ = trained
-  features_dir = tmp_path / "features"  # The score needs CLIP's embeddings in the store.
-  config = _config(root / "data", features_dir, image_score=True)
+  features_dir = tmp_path / "features"  # They need CLIP's embeddings in the store.
+  config = _config(root / "data", features_dir, **{option: True})
   config.total_steps, config.eval_every = 4, 4
   result = loop.train(config, str(tmp_path / "run"), devices=jax.devices()[:1],
                       log=lambda _: None)
   assert result.status == "finished" and 0 <= result.metrics["dev/macro_f1"] <= 1
   trained_run = load_trained(str(tmp_path / "run"))
-  assert trained_run.model.config.image_score and trained_run.model.score_fuse is not None
+  layer = {"image_score": "score_fuse", "image_embeds": "embed_fuse"}[option]
+  assert getattr(trained_run.model.config, option)
+  assert getattr(trained_run.model, layer) is not None
   verifier = trained_run.task.inference
   dev = verifier.evidence("val")
   assert verifier.store(dev).manifest.embed_dim > 0

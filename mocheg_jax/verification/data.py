@@ -19,6 +19,9 @@ claim_ids   [Lc]          int32, only with `claim_ids`: the claim's token ids, -
 image_score [Ni]          float32, only with `image_score`: cosine of CLIP's embeddings of
                           the claim and each image (0 for absent images; the store must
                           hold embeddings)
+image_embed [Ni, E]       float32, only with `image_embeds`: CLIP's unit embedding of each
+                          image (0 for absent images; the store must hold embeddings)
+claim_embed [E]           float32, only with `image_embeds`: CLIP's unit claim embedding
 text_relevant [Nt]        float32, only with `item_relevance`: 1 where the item is one of
                           the claim's evidence (ClaimEvidence.relevant_texts)
 image_relevant [Ni]       float32, only with `item_relevance`: the same for the images
@@ -111,7 +114,7 @@ class VerificationBatches:
                max_images: int = DEFAULT_MAX_IMAGES, dtype: str | None = None,
                token_match: bool = False, phrase_match: bool = False,
                claim_ids: bool = False, image_score: bool = False,
-               item_relevance: bool = False):
+               image_embeds: bool = False, item_relevance: bool = False):
     for name, value in (("max_claim_len", max_claim_len), ("max_text_len", max_text_len),
                         ("max_text_items", max_text_items), ("max_images", max_images)):
       if value < 1:
@@ -121,11 +124,12 @@ class VerificationBatches:
     self.max_text_items, self.max_images = max_text_items, max_images
     self.dtype = np.dtype(dtype or store.manifest.dtype)
     self.token_match, self.phrase_match = token_match, phrase_match
-    self.claim_ids, self.image_score = claim_ids, image_score
+    self.claim_ids, self.image_score, self.image_embeds = claim_ids, image_score, image_embeds
     self.item_relevance = item_relevance
-    if image_score and not store.manifest.embed_dim:
-      raise MochegInputError(f"{store.dir}: image_score needs a feature store with CLIP "
-                             "embeddings (build_store(embeddings=True))")
+    for name, wanted in (("image_score", image_score), ("image_embeds", image_embeds)):
+      if wanted and not store.manifest.embed_dim:
+        raise MochegInputError(f"{store.dir}: {name} needs a feature store with CLIP "
+                               "embeddings (build_store(embeddings=True))")
     self.claims = list(evidence)
     if not self.claims:
       raise MochegInputError("no claims to verify")
@@ -204,8 +208,12 @@ class VerificationBatches:
     image = np.zeros((self.max_images, m.patches, m.image_dim), self.dtype)
     if images:
       image[:len(images)] = self.store.image(images)
-    if self.image_score:
-      ids["image_score"] = self._image_score(e.claim, images)
+    if self.image_score or self.image_embeds:
+      claim_embed, image_embed = self._embeddings(e.claim, images)
+      if self.image_score:
+        ids["image_score"] = image_embed @ claim_embed
+      if self.image_embeds:
+        ids["image_embed"], ids["claim_embed"] = image_embed, claim_embed
     if self.item_relevance:
       ids["text_relevant"] = _among(texts, e.relevant_texts, self.max_text_items)
       ids["image_relevant"] = _among(images, e.relevant_images, self.max_images)
@@ -227,13 +235,13 @@ class VerificationBatches:
       unigram[:len(texts)], phrase[:len(texts)] = match_bits(claim_ids, item_ids)
     return unigram, phrase
 
-  def _image_score(self, claim: str, images: Sequence[str]) -> np.ndarray:
-    """[Ni] float32: cosine of the claim's and each image's CLIP embedding; 0 on padding."""
-    out = np.zeros(self.max_images, np.float32)
+  def _embeddings(self, claim: str, images: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """CLIP's unit embeddings of the claim [E] and of each image [Ni, E] (0 on padding),
+    float32."""
+    image_embed = np.zeros((self.max_images, self.store.manifest.embed_dim), np.float32)
     if images:
-      claim_embed = self.store.text_embedding([claim])[0].astype(np.float32)
-      out[:len(images)] = self.store.image_embedding(images).astype(np.float32) @ claim_embed
-    return out
+      image_embed[:len(images)] = self.store.image_embedding(images)
+    return self.store.text_embedding([claim])[0].astype(np.float32), image_embed
 
   def padding_example(self) -> Example:
     """A row that fills the last evaluation batch: all masks False, valid False."""

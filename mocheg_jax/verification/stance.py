@@ -162,6 +162,17 @@ class StanceConfig:
   # memorised training pictures instead (image-fact test claims 30-33 of 49 right over
   # three seeds; with soft steps 40-42: configs/verify.py).
   score_thresholds: tuple[float, ...] = ()
+  # Beyond the paper: each image item also reads CLIP's unit embeddings of the image and of
+  # the claim and their elementwise product (`image_embed`, `claim_embed`), through its own
+  # layer (`embed_fuse`) added to the item's vector. The cosine is the product's sum, every
+  # dimension weighted alike; a picture of the claimed attribute with another value (what
+  # refutes an image-only fact) shares some of those dimensions with the claim and not
+  # others, and which is what the layer can learn. Probe on the small world (the caption
+  # CLIP, visual-attribute claims' retrieved images; logistic regression vs a 64-unit MLP
+  # fit on the train claims'): "a picture of the claimed attribute from the claim's own
+  # articles" at test AUC 0.74 from the cosine, 0.85 from the three vectors.
+  image_embeds: bool = False
+  embed_dim: int = 0  # CLIP's embedding size; needed by image_embeds.
   # Beyond the paper: each text item also reads its "context", the mean of its token states
   # scaled by how little any claim token matches them (1 - max cosine), through its own
   # layer (`context_fuse`) added before the activation. Retrieved sentences include the
@@ -216,6 +227,10 @@ class StanceConfig:
         isinstance(t, (int, float)) and np.isfinite(t) for t in self.score_thresholds):
       raise ValueError("StanceConfig.score_thresholds must be a tuple of finite numbers, got "
                        f"{self.score_thresholds!r}")
+    if self.image_embeds and not self.use_image:
+      raise ValueError("StanceConfig.image_embeds needs use_image")
+    if self.image_embeds and self.embed_dim <= 0:
+      raise ValueError("StanceConfig.image_embeds needs embed_dim")
     if self.score_thresholds and not self.image_score:
       raise ValueError("StanceConfig.score_thresholds needs image_score")
     if self.image_query == "words" and not self.use_image:
@@ -322,6 +337,8 @@ class StanceDetector(nnx.Module):
     self.score_fuse = (layers.Dense(max(len(config.score_thresholds), 1), config.hidden,
                                     (None, "mlp"), **kw)
                        if config.image_score else None)
+    self.embed_fuse = (layers.Dense(3 * config.embed_dim, config.hidden, (None, "mlp"), **kw)
+                       if config.image_embeds else None)
     self.context_fuse = (layers.Dense(config.text_dim, config.hidden, ("embed", "mlp"), **kw)
                          if config.item_context else None)
     self.item_gate = (layers.Dense(config.hidden, 1, ("mlp", None), **kw)
@@ -425,7 +442,8 @@ class StanceDetector(nnx.Module):
               evidence: jax.Array, key_mask: jax.Array, present: jax.Array,
               deterministic: bool, read: nnx.Module | None = None,
               match: jax.Array | None = None, phrase: jax.Array | None = None,
-              score: jax.Array | None = None, context: bool = False,
+              score: jax.Array | None = None,
+              embeds: tuple[jax.Array, jax.Array] | None = None, context: bool = False,
               gate: nnx.Module | None = None
               ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """One modality's stance vector [B, hidden], whether it has any item [B], and the item
@@ -436,7 +454,9 @@ class StanceDetector(nnx.Module):
     image_reads module): that read instead of attention + fusion; `match` [B, N, Lc]: the
     token-match bits (text only, with config.token_match); `phrase` [B, N, Lc]: the
     phrase-match bits (text only, with config.phrase_match); `score` [B, N]: the claim-item
-    CLIP cosines (images only, with config.image_score); `context`: add the items' context
+    CLIP cosines (images only, with config.image_score); `embeds`: the items' and the claim's
+    CLIP embeddings [B, N, E], [B, E] (images only, with config.image_embeds); `context`:
+    add the items' context
     (`_context`; text only, with config.item_context); `gate`: scale each item by
     sigmoid(gate(item)) before pooling (config.item_gate, config.image_gate).
     """
@@ -465,6 +485,9 @@ class StanceDetector(nnx.Module):
     if score is not None:
       s = score_features(score.astype(h.dtype), self.config.score_thresholds)
       h = h + jax.nn.leaky_relu(self.score_fuse(s), self.config.leaky_relu_slope)
+    if embeds is not None:
+      h = h + jax.nn.leaky_relu(self.embed_fuse(embed_features(*embeds).astype(h.dtype)),
+                                self.config.leaky_relu_slope)
     h = jnp.where(claim_mask.any(-1)[:, None, None], h, 0).astype(jnp.float32)
     gate_logits = None
     if gate is not None:
@@ -485,7 +508,8 @@ class StanceDetector(nnx.Module):
                image: jax.Array | None = None, image_mask: jax.Array | None = None,
                text_match: jax.Array | None = None, claim_ids: jax.Array | None = None,
                image_score: jax.Array | None = None,
-               text_phrase_match: jax.Array | None = None, *,
+               text_phrase_match: jax.Array | None = None,
+               image_embed: jax.Array | None = None, claim_embed: jax.Array | None = None, *,
                deterministic: bool = True, return_item_gates: bool = False):
     """Logits [B, num_classes] (float32); with `return_item_gates`, (logits, gates): the
     item gates' logits by modality, "text" [B, Nt] with config.item_gate and "image"
@@ -501,6 +525,8 @@ class StanceDetector(nnx.Module):
         iff token_match.
       text_phrase_match: [B, Nt, Lc] 0/1, whether claim token q and a neighbour of it in the
         claim occur side by side in text item n. Needed iff phrase_match.
+      image_embed: [B, Ni, E] CLIP's unit image embeddings; claim_embed: [B, E] its unit
+        claim embedding. Needed iff config.image_embeds.
       claim_ids: [B, Lc] int, the claim's token ids. Needed iff image_query="words".
       image_score: [B, Ni] float, the cosine of CLIP's claim and image embeddings. Needed
         iff config.image_score.
@@ -538,6 +564,11 @@ class StanceDetector(nnx.Module):
       if image_score is None:
         raise ValueError("image_score=True needs image_score")
       _check("image_score", image_score, 2, lead=image.shape[:2])
+    if cfg.image_embeds:
+      if image_embed is None or claim_embed is None:
+        raise ValueError("image_embeds=True needs image_embed and claim_embed")
+      _check("image_embed", image_embed, 3, cfg.embed_dim, lead=image.shape[:2])
+      _check("claim_embed", claim_embed, 2, cfg.embed_dim, lead=image.shape[:1])
     claim_mask = claim_mask.astype(bool)
     stances, presents, gates = [], [], {}
     if cfg.use_text:
@@ -561,6 +592,7 @@ class StanceDetector(nnx.Module):
       s, p, gates["image"] = self._stance(
           self.image_attention, query, claim_mask, image, keys, present, deterministic,
           read=self.image_read, score=image_score if cfg.image_score else None,
+          embeds=(image_embed, claim_embed) if cfg.image_embeds else None,
           gate=self.image_gate)
       stances.append(s)
       presents.append(p)
@@ -578,6 +610,16 @@ class StanceDetector(nnx.Module):
     if not return_item_gates:
       return logits
     return logits, {k: g for k, g in gates.items() if g is not None}
+
+
+def embed_features(image_embed: jax.Array, claim_embed: jax.Array) -> jax.Array:
+  """What `embed_fuse` reads of unit embeddings [B, N, E] and [B, E]: [B, N, 3E], the
+  product and both embeddings, scaled so that each is ~unit per component (a unit vector's
+  components are ~1/sqrt(E); the product's sum is the cosine)."""
+  e = image_embed.shape[-1]
+  image = image_embed.astype(jnp.float32)
+  claim = jnp.broadcast_to(claim_embed.astype(jnp.float32)[:, None], image.shape)
+  return jnp.concatenate([e * image * claim, e ** 0.5 * image, e ** 0.5 * claim], axis=-1)
 
 
 def score_features(score: jax.Array, thresholds: Sequence[float] = ()) -> jax.Array:

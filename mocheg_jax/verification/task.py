@@ -88,6 +88,10 @@ def verify_config() -> ml_collections.ConfigDict:
   # () gives the model that cosine as one number; thresholds give it as soft steps, one per
   # threshold (stance.StanceConfig.score_thresholds), which it learns a cut-off from.
   v.score_thresholds = ()
+  # Beyond the paper: each image also gives the model CLIP's image and claim embeddings and
+  # their product (stance.StanceConfig.image_embeds); the store then keeps the embeddings.
+  # Measured without gain on the small world's system evidence (README, Table 4 notes).
+  v.image_embeds = False
   # Beyond the paper: each text item also reads what it says beyond the claim's words
   # (stance.StanceConfig.item_context), meant to tell a restatement of the claim from
   # support; measured without gain on the small world (README, Table 4 notes).
@@ -189,7 +193,7 @@ def clip_fingerprint(v: ml_collections.ConfigDict, wordpiece_dir: str, seed: int
   out = _clip_fingerprint(v, wordpiece_dir, seed)
   if v.tune_vision_layers:  # The store holds the tokens entering the tuned blocks.
     out["tune_vision_layers"] = int(v.tune_vision_layers)
-  if v.image_score:  # The store holds CLIP's embeddings too.
+  if _needs_embeddings(v):  # The store holds CLIP's embeddings too.
     out["embeddings"] = True
   kind = _text_encoder_kind(v.text_encoder)
   if kind != CLIP_TEXT:
@@ -261,13 +265,19 @@ class ExtraInputs(NamedTuple):
   phrase_match: bool  # text_phrase_match
   word_queries: bool  # claim_ids
   image_score: bool  # image_score
+  image_embeds: bool  # image_embed, claim_embed
 
 
 def _extra_inputs(v: ml_collections.ConfigDict) -> ExtraInputs:
   return ExtraInputs(token_match=bool(v.use_text and v.token_match),
                      phrase_match=bool(v.use_text and v.phrase_match),
                      word_queries=bool(v.use_image and v.image_query == "words"),
-                     image_score=bool(v.use_image and v.image_score))
+                     image_score=bool(v.use_image and v.image_score),
+                     image_embeds=bool(v.use_image and v.image_embeds))
+
+
+def _needs_embeddings(v: ml_collections.ConfigDict) -> bool:
+  return bool(v.image_score or v.image_embeds)
 
 
 def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
@@ -287,6 +297,8 @@ def stance_config(v: ml_collections.ConfigDict, manifest: features.StoreManifest
                              image_score=extra.image_score,
                              score_thresholds=(tuple(float(t) for t in v.score_thresholds)
                                                if extra.image_score else ()),
+                             image_embeds=extra.image_embeds,
+                             embed_dim=manifest.embed_dim if extra.image_embeds else 0,
                              item_context=bool(v.use_text and v.item_context),
                              item_gate=_item_gate(v), image_gate=_image_gate(v))
 
@@ -349,6 +361,8 @@ def batch_axes(v: ml_collections.ConfigDict) -> dict[str, tuple]:
     axes.update(image=("batch", None, None, None), image_mask=("batch", None))
   if extra.image_score:
     axes.update(image_score=("batch", None))
+  if extra.image_embeds:
+    axes.update(image_embed=("batch", None, None), claim_embed=("batch", None))
   for _, relevant in _gated(v).values():
     axes[relevant] = ("batch", None)
   return axes
@@ -362,6 +376,7 @@ def forward(model: nnx.Module, batch: dict, *, deterministic: bool = True, **gat
                image_mask=batch.get("image_mask"), text_match=batch.get("text_match"),
                claim_ids=batch.get("claim_ids"), image_score=batch.get("image_score"),
                text_phrase_match=batch.get("text_phrase_match"),
+               image_embed=batch.get("image_embed"), claim_embed=batch.get("claim_embed"),
                deterministic=deterministic, **gates)
 
 
@@ -410,7 +425,7 @@ class Verifier:
                              max_text_len=v.max_text_len, batch_size=v.encode_batch_size,
                              dtype=v.feature_dtype, text_model=frozen.text_model,
                              image_blocks=image_blocks(v, frozen.model.config.vision),
-                             moved=self.moved, embeddings=bool(v.image_score),
+                             moved=self.moved, embeddings=_needs_embeddings(v),
                              clip_tokenizer=frozen.tokenizer)
 
       distributed.primary_only("verification-feature-store", build)  # The others wait.
@@ -427,6 +442,7 @@ class Verifier:
                                max_images=v.max_images, token_match=extra.token_match,
                                phrase_match=extra.phrase_match,
                                claim_ids=extra.word_queries, image_score=extra.image_score,
+                               image_embeds=extra.image_embeds,
                                item_relevance=bool(_gated(v)))
 
   def evidence(self, split: str, source: str = GOLD) -> list[evidence_lib.ClaimEvidence]:
