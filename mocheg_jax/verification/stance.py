@@ -167,7 +167,7 @@ class StanceConfig:
   # layer (`embed_fuse`) added to the item's vector. The cosine is the product's sum, every
   # dimension weighted alike; a picture of the claimed attribute with another value (what
   # refutes an image-only fact) shares some of those dimensions with the claim and not
-  # others, and which is what the layer can learn. Probe on the small world (the caption
+  # others, and which ones is what the layer can learn. Probe on the small world (the caption
   # CLIP, visual-attribute claims' retrieved images; logistic regression vs a 64-unit MLP
   # fit on the train claims'): "a picture of the claimed attribute from the claim's own
   # articles" at test AUC 0.74 from the cosine, 0.85 from the three vectors.
@@ -456,9 +456,8 @@ class StanceDetector(nnx.Module):
     phrase-match bits (text only, with config.phrase_match); `score` [B, N]: the claim-item
     CLIP cosines (images only, with config.image_score); `embeds`: the items' and the claim's
     CLIP embeddings [B, N, E], [B, E] (images only, with config.image_embeds); `context`:
-    add the items' context
-    (`_context`; text only, with config.item_context); `gate`: scale each item by
-    sigmoid(gate(item)) before pooling (config.item_gate, config.image_gate).
+    add the items' context (`_context`; text only, with config.item_context); `gate`: scale
+    each item by sigmoid(gate(item)) before pooling (config.item_gate, config.image_gate).
     """
     # Absent items attend to all their keys (padding): no softmax row is fully masked, so
     # nothing is NaN; their outputs are dropped below.
