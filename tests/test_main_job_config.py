@@ -6,12 +6,14 @@ import importlib.util
 import pathlib
 
 import jax
+import numpy as np
 import pytest
 from absl import app
 
 from mocheg_jax import workflow
 from mocheg_jax.data.report import MochegInputError
 from mocheg_jax.models import matmul
+from mocheg_jax.parallel import distributed
 from mocheg_jax.pipeline import manifest as manifest_lib
 from mocheg_jax.utils import configs
 
@@ -87,13 +89,19 @@ def test_run_pipeline_flags_become_overrides(monkeypatch):
                                  "verify": {"total_steps": 9}}
 
 
-@pytest.mark.parametrize("flag, env, amx, expected", [
-    ("auto", None, True, "bfloat16"), ("auto", None, False, None),
-    ("auto", "float32", True, "float32"),  # JAX's own setting, given, stays.
-    ("float32", None, True, "float32"), ("bfloat16", None, False, "bfloat16")])
-def test_run_pipeline_picks_the_matmul_precision(flag, env, amx, expected, monkeypatch):
+@pytest.mark.parametrize("flag, env, amx, others_amx, expected", [
+    ("auto", None, True, True, "bfloat16"), ("auto", None, False, True, None),
+    ("auto", None, True, False, None),  # Another process's machine has no AMX.
+    ("auto", "float32", True, True, "float32"),  # JAX's own setting, given, stays.
+    ("float32", None, True, True, "float32"), ("bfloat16", None, False, False, "bfloat16")])
+def test_run_pipeline_picks_the_matmul_precision(flag, env, amx, others_amx, expected,
+                                                 monkeypatch):
   script = _run_pipeline_script()
   monkeypatch.setattr(matmul, "has_amx", lambda: amx)
+  # A job of two processes, the other one's machine with or without AMX.
+  monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(distributed.multihost_utils, "process_allgather",
+                      lambda x: np.stack([x, np.asarray([int(others_amx)], np.int32)]))
   seen = []
   monkeypatch.setattr(workflow, "run",
                       lambda *a, **k: seen.append(jax.config.jax_default_matmul_precision))

@@ -287,6 +287,16 @@ def primary_first(name: str, fn: Callable[[], T]) -> T:
   return done[0] if done else fn()
 
 
+def on_every_process(flag: bool) -> bool:
+  """Whether `flag` holds on every process of the job (a collective: every process must
+  call it). For choices each process makes from its own machine that must come out the
+  same everywhere, such as the precision of the products all of them compute together."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  flags_ = multihost_utils.process_allgather(np.asarray([int(bool(flag))], np.int32))
+  return bool(np.min(np.asarray(flags_)) > 0)
+
+
 def to_host(x: jax.Array | np.ndarray) -> np.ndarray:
   """The whole array as numpy on every process.
 
