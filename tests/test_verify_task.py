@@ -22,6 +22,7 @@ from mocheg_jax.train import loop
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.train.writer import read_metrics
 from mocheg_jax.utils.configs import load_config
+from mocheg_jax.verification import ablations
 from mocheg_jax.verification import evidence as evidence_lib
 from mocheg_jax.verification import stance
 from mocheg_jax.verification import task as verify_task
@@ -206,11 +207,21 @@ def test_verify_script_with_gold_and_system_evidence(trained, tmp_path):
   result_csv = tmp_path / "results.csv"
   results_lib.write_results(result_csv, rows_in)
   system_out = tmp_path / "system.csv"
+  ablations_out = tmp_path / "ablations.json"
   proc = _script(f"--checkpoint={workdir}", "--split=test", f"--evidence={result_csv}",
-                 f"--out={system_out}")
+                 f"--out={system_out}", f"--ablations={ablations_out}")
   assert proc.returncode == 0, proc.stderr
   assert len(_read(system_out)) == len(test_claims)
   assert _read(system_out) != rows  # Other evidence, other probabilities.
+  # The ablation table: every variant for a text+image model on system evidence, the first
+  # the evidence as given (the script's own score), printed before the summary line.
+  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  table = json.loads(ablations_out.read_text())
+  assert [r["ablation"] for r in table["rows"]] == list(ablations.ABLATIONS)
+  assert round(table["rows"][0]["macro_f1"], 4) == report["macro_f1"]
+  assert all(sum(r[f"claims/{n}"] for n in ("refuted", "supported", "NEI"))
+             == len(test_claims) for r in table["rows"])
+  assert "| no images |" in proc.stdout
 
   # Bad input: claims missing from the CSV, a workdir that is not a verifier.
   results_lib.write_results(result_csv, rows_in[1:])
