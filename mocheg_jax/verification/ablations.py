@@ -11,7 +11,7 @@ retrieved and 71 without their images (README, Table 4 notes).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -35,15 +35,20 @@ def _relevant_images(c: ClaimEvidence) -> ClaimEvidence:
   return dataclasses.replace(c, images=_relevant(c.images, c.relevant_images))
 
 
-# name -> (the modalities it changes, whether it needs system evidence, the map).
-ABLATIONS: dict[str, tuple[tuple[str, ...], bool, Callable[[ClaimEvidence], ClaimEvidence]]] = {
-    AS_GIVEN: ((), False, lambda c: c),
-    "no images": (("image",), False, lambda c: dataclasses.replace(c, images=())),
-    "no text": (("text",), False, lambda c: dataclasses.replace(c, texts=())),
-    "relevant images only": (("image",), True, _relevant_images),
-    "relevant text only": (("text",), True, _relevant_texts),
-    "relevant text and images only": (("text", "image"), True,
-                                      lambda c: _relevant_images(_relevant_texts(c))),
+class Ablation(NamedTuple):
+  changes: tuple[str, ...]  # The modalities it takes something from ("text", "image").
+  needs_system: bool  # Only for system evidence (gold evidence is all relevant).
+  apply: Callable[[ClaimEvidence], ClaimEvidence]
+
+
+ABLATIONS: dict[str, Ablation] = {
+    AS_GIVEN: Ablation((), False, lambda c: c),
+    "no images": Ablation(("image",), False, lambda c: dataclasses.replace(c, images=())),
+    "no text": Ablation(("text",), False, lambda c: dataclasses.replace(c, texts=())),
+    "relevant images only": Ablation(("image",), True, _relevant_images),
+    "relevant text only": Ablation(("text",), True, _relevant_texts),
+    "relevant text and images only": Ablation(("text", "image"), True,
+                                              lambda c: _relevant_images(_relevant_texts(c))),
 }
 
 
@@ -52,8 +57,8 @@ def applicable(use_text: bool, use_image: bool, system: bool) -> list[str]:
   modality it does not read, and the relevance oracles only for system evidence (gold
   evidence is all relevant)."""
   reads = {"text": use_text, "image": use_image}
-  return [name for name, (changes, needs_system, _) in ABLATIONS.items()
-          if all(reads[m] for m in changes) and (system or not needs_system)]
+  return [name for name, a in ABLATIONS.items()
+          if all(reads[m] for m in a.changes) and (system or not a.needs_system)]
 
 
 def score_ablations(predict: Callable[[Sequence[ClaimEvidence]], np.ndarray],
@@ -64,7 +69,7 @@ def score_ablations(predict: Callable[[Sequence[ClaimEvidence]], np.ndarray],
   gold = np.asarray([c.label for c in claims])
   rows = []
   for name in names:
-    predicted = np.asarray(predict([ABLATIONS[name][2](c) for c in claims])).argmax(-1)
+    predicted = np.asarray(predict([ABLATIONS[name].apply(c) for c in claims])).argmax(-1)
     report = classification_report(gold, predicted)
     rows.append({"ablation": name, "macro_f1": report["macro_f1"],
                  "micro_f1": report["micro_f1"],
