@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
     names = ablations_lib.applicable(v.use_text, v.use_image,
                                      system=_EVIDENCE.value != verify_task.GOLD)
     rows = ablations_lib.score_ablations(lambda c: verifier.predict(trained.model, c), claims,
-                                         names)
+                                         names, given=probabilities)
     with open(_ABLATIONS.value, "w") as f:
       json.dump({"split": _SPLIT.value, "evidence": _EVIDENCE.value, "step": trained.step,
                  "rows": rows}, f, indent=1)

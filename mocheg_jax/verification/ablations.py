@@ -62,22 +62,27 @@ def applicable(use_text: bool, use_image: bool, system: bool) -> list[str]:
 
 
 def score_ablations(predict: Callable[[Sequence[ClaimEvidence]], np.ndarray],
-                    claims: Sequence[ClaimEvidence], names: Sequence[str]) -> list[dict]:
+                    claims: Sequence[ClaimEvidence], names: Sequence[str],
+                    given: np.ndarray | None = None) -> list[dict]:
   """One row per ablation: macro and micro F1, per gold label how many claims are right,
   and the confusion matrix (rows gold, columns predicted). `predict` maps claims to class
-  probabilities [N, 3]."""
+  probabilities [N, 3]; `given`: those of the claims as given, when already predicted."""
   gold = np.asarray([c.label for c in claims])
   rows = []
   for name in names:
-    predicted = np.asarray(predict([ABLATIONS[name].apply(c) for c in claims])).argmax(-1)
-    report = classification_report(gold, predicted)
+    if name == AS_GIVEN and given is not None:
+      probabilities = given
+    else:
+      probabilities = predict([ABLATIONS[name].apply(c) for c in claims])
+    report = classification_report(gold, np.asarray(probabilities).argmax(-1))
+    confusion = report["confusion_matrix"]
     rows.append({"ablation": name, "macro_f1": report["macro_f1"],
                  "micro_f1": report["micro_f1"],
-                 **{f"right/{label}": int(np.sum((gold == k) & (predicted == k)))
+                 **{f"right/{label}": int(confusion[k][k])
                     for k, label in enumerate(LABEL_NAMES)},
-                 **{f"claims/{label}": int(np.sum(gold == k))
+                 **{f"claims/{label}": int(sum(confusion[k]))
                     for k, label in enumerate(LABEL_NAMES)},
-                 "confusion_matrix": report["confusion_matrix"]})
+                 "confusion_matrix": confusion})
   return rows
 
 
