@@ -269,3 +269,47 @@ def test_training_loaders_read_ahead_as_the_config_says():
   loader = pipelines.LoaderConfig.training(8, 1, data)
   assert (loader.batch_size, loader.seed, loader.worker_count) == (8, 1, 0)
   assert loader.read_ahead == pipelines.ReadAhead(5, 7)
+
+
+def test_explanation_batches_grouped_by_length(setup):
+  data_dir, _, bpe = setup
+  make = lambda batch, index, count, groups=2, **kw: pipelines.explanation(  # noqa: E731
+      data_dir, "train", bpe, _loader(batch_size=batch, shard_index=index, shard_count=count,
+                                      length_groups=groups, **kw),
+      max_source_len=64, max_target_len=40, length_multiple=8)
+  grouped = make(1, 0, 1, groups=1)
+  assert grouped.num_records >= 2
+  # One-example batches, one batch a megabatch: each epoch is a fresh shuffle of the claims.
+  epochs = [[int(b["claim_id"][0]) for b in _batches(grouped, grouped.num_records)]]
+  epochs.append([int(b["claim_id"][0]) for b in _batches(grouped, 2 * grouped.num_records)
+                 ][grouped.num_records:])
+  assert all(sorted(e) == sorted(epochs[0]) for e in epochs)
+  # Two processes with one row each make the one-process batches of two, widths included.
+  whole = _batches(make(2, 0, 1), 6)
+  halves = [iter(make(1, i, 2)) for i in range(2)]
+  for batch in whole:
+    parts = [next(h) for h in halves]
+    for key, value in batch.items():
+      np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), value, key)
+  it = iter(make(2, 0, 1))
+  for _ in range(3):
+    next(it)
+  state = it.get_state()
+  tail = [next(it) for _ in range(4)]
+  resumed = iter(make(2, 0, 1))
+  resumed.set_state(state)
+  for batch in tail:
+    np.testing.assert_array_equal(next(resumed)["source_ids"], batch["source_ids"])
+
+
+def test_pipelines_without_lengths_or_not_training_refuse_groups(setup):
+  data_dir, wp, bpe = setup
+  text = pipelines.text_retrieval(data_dir, "train", wp, _loader(length_groups=2),
+                                  max_query_len=8, max_doc_len=8, length_multiple=4)
+  assert next(iter(text))["query_ids"].shape[0] == 2  # Text retrieval knows its lengths.
+  with pytest.raises(ValueError, match="does not group batches by length"):
+    pipelines.verification(data_dir, "train", wp, _loader(length_groups=2), max_claim_len=8,
+                           max_evidence_len=8, image_size=8)
+  with pytest.raises(ValueError, match="for training"):
+    pipelines.explanation(data_dir, "train", bpe, _loader(length_groups=2, num_epochs=1),
+                          max_source_len=64, max_target_len=40)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -113,7 +114,7 @@ def test_group_dataset_batches_groups_of_pairs():
   world = _world()
   groups = rr.training_groups(world, {}, hard=0, random=3, seed=0)
   tokenizer_dir = str(minilm_dir())
-  batch = next(iter(rr.group_dataset(groups, tokenizer_dir, 24, 2, 2, seed=3)))
+  batch = next(iter(rr.group_dataset(groups, tokenizer_dir, 24, rr.Batching(2, 2, seed=3))))
   assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "claim_id"}
   assert batch["input_ids"].shape == (2, 4, 24) and batch["claim_id"].shape == (2,)
   tokenizer = load_tokenizer(tokenizer_dir)
@@ -178,14 +179,16 @@ def test_rerank_orders_by_logit_keeps_ties_and_cuts(small_cross_encoder, monkeyp
     rr.rerank(model, tokenizer, ["q1"], candidates)
 
 
-def test_pair_dataset_resumes_from_its_state():
+@pytest.mark.parametrize("multiple,groups", [(0, 0), (8, 0), (8, 2)])
+def test_pair_dataset_resumes_from_its_state(multiple, groups):
   world = _world()
   pairs = rr.training_pairs(world, {}, hard=0, random=4, seed=0)
   tokenizer_dir = str(minilm_dir())
-  make = lambda: iter(rr.pair_dataset(pairs, tokenizer_dir, 24, 4, 4, seed=3))  # noqa: E731
+  batching = rr.Batching(4, 4, seed=3, length_multiple=multiple, length_groups=groups)
+  make = lambda: iter(rr.pair_dataset(pairs, tokenizer_dir, 24, batching))  # noqa: E731
   it = make()
   first = next(it)
-  assert first["input_ids"].shape == (4, 24) and first["label"].dtype == np.float32
+  assert first["input_ids"].shape[0] == 4 and first["label"].dtype == np.float32
   assert set(first) == {"input_ids", "attention_mask", "token_type_ids", "label", "claim_id"}
   state = it.get_state()
   expected = [next(it) for _ in range(5)]  # Crosses an epoch boundary (10 pairs).
@@ -195,6 +198,41 @@ def test_pair_dataset_resumes_from_its_state():
     got = next(resumed)
     for key in want:
       np.testing.assert_array_equal(got[key], want[key])
+
+
+def _pair_rows(batch, tokenizer) -> list[str]:
+  return [tokenizer.decode(ids, skip_special_tokens=True) for ids in batch["input_ids"]]
+
+
+def test_pair_dataset_pads_to_the_batch_and_groups_lengths():
+  """With a length multiple each batch is as wide as its longest pair needs (the same pairs
+  as padding to max_len, token for token); with groups, batches of similar lengths."""
+  words = "river bridge town salt copper harbour mill king queen blue red photo".split()
+  texts = [" ".join(words[:i % 12]) for i in range(40)]  # 0-11 words.
+  world = dataclasses.replace(_world(), texts=texts)
+  pairs = rr.training_pairs(world, {}, hard=0, random=4, seed=0)  # 11 pairs: 5 batches.
+  tokenizer_dir = str(minilm_dir())
+  tokenizer = load_tokenizer(tokenizer_dir)
+  full = iter(rr.pair_dataset(pairs, tokenizer_dir, 24, rr.Batching(2, 2, seed=3)))
+  cut = iter(rr.pair_dataset(pairs, tokenizer_dir, 24,
+                             rr.Batching(2, 2, seed=3, length_multiple=4)))
+  widths = set()
+  for _ in range(10):
+    a, b = next(full), next(cut)
+    longest = int(a["attention_mask"].sum(axis=1).max())
+    widths.add(b["input_ids"].shape[1])
+    assert b["input_ids"].shape == (2, -(-longest // 4) * 4)
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+      np.testing.assert_array_equal(b[key], a[key][:, :b[key].shape[1]])
+    assert _pair_rows(a, tokenizer) == _pair_rows(b, tokenizer)
+  assert len(widths) > 1
+  # An epoch of 5 batches in one megabatch: its 10 pairs sorted by length, cut in twos.
+  grouped = iter(rr.pair_dataset(pairs, tokenizer_dir, 24,
+                                 rr.Batching(2, 2, seed=3, length_groups=5)))
+  batches = [sorted(next(grouped)["attention_mask"].sum(axis=1).tolist()) for _ in range(5)]
+  ordered = sorted(n for batch in batches for n in batch)
+  assert sorted(batches) == [ordered[i:i + 2] for i in range(0, 10, 2)]
+  assert len({tuple(b) for b in batches}) > 1
 
 
 # ---- one tiny training run ----------------------------------------------------------------------
@@ -211,6 +249,8 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   config.data.dir = data_dir
   config.total_steps = 150
   config.rerank.max_len = 48  # Cuts a few of tiny's longest pairs (53 tokens); 25% faster.
+  config.rerank.length_multiple = 8  # Length-grouped batches, as the small config trains.
+  config.data.length_groups = 10
   config.eval_every = 0
   config.checkpoint_every = 150
   config.async_checkpoints = False
@@ -257,7 +297,8 @@ def test_tiny_run_mines_once_learns_and_reranks(tmp_path, monkeypatch):
   monkeypatch.setattr(rr, "mine", lambda *a, **k: pytest.fail("mined a second time"))
   task = resolve(config.task)(config, workdir)
   batch = next(task.train_data(8))
-  assert batch["input_ids"].shape == (8, config.rerank.max_len)
+  width = batch["input_ids"].shape[1]
+  assert batch["input_ids"].shape[0] == 8 and width % 8 == 0 and width <= config.rerank.max_len
 
 
 def test_tiny_listwise_run_learns_to_put_the_relevant_sentence_first(tmp_path):

@@ -24,6 +24,7 @@ import numpy as np
 
 from mocheg_jax.data import caption_corpus
 from mocheg_jax.data import labels
+from mocheg_jax.data import length_groups
 from mocheg_jax.data import tfds_mocheg
 from mocheg_jax.data.vision import decode_image
 
@@ -68,6 +69,10 @@ class LoaderConfig:
   drop_remainder: bool = True
   worker_count: int = 0  # grain worker processes; 0 transforms in the main process.
   read_ahead: ReadAhead = ReadAhead()
+  # > 0: batches of examples of similar length, sorted within megabatches of this many
+  # global batches (data/length_groups.py; training only, for pipelines that know their
+  # examples' lengths); 0: batches drawn freely.
+  length_groups: int = 0
   # This process's share (process_batches): default jax.process_index() / process_count().
   shard_index: int | None = None
   shard_count: int | None = None
@@ -76,7 +81,8 @@ class LoaderConfig:
   def training(cls, batch_size: int, seed: int, data_config) -> LoaderConfig:
     """A training input's loader: workers and read-ahead from a training config's `data`."""
     return cls(batch_size=batch_size, seed=seed, worker_count=data_config.workers,
-               read_ahead=ReadAhead.of(data_config))
+               read_ahead=ReadAhead.of(data_config),
+               length_groups=data_config.get("length_groups", 0))
 
 
 @dataclasses.dataclass
@@ -183,7 +189,7 @@ class LengthBuckets:
     for mask_name, names in self.fields:
       mask = batch[mask_name]
       longest = int(np.max(np.nonzero(mask.any(axis=0))[0], initial=-1)) + 1
-      length = min(mask.shape[1], max(1, -(-longest // self.multiple)) * self.multiple)
+      length = length_groups.padded_length(longest, self.multiple, mask.shape[1])
       for name in (mask_name, *names):
         batch[name] = batch[name][:, :length]
     return batch
@@ -193,22 +199,81 @@ def _source(data_dir: str, config: str, split: str):
   return tfds_mocheg.load(data_dir, config).as_data_source()[split]
 
 
+def _stack(examples: Sequence[Example]) -> Example:
+  return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+
+class _GroupedBatch:
+  """grain map: a global batch of record indices -> this process's rows, transformed (each
+  record with its own generator from the seed, the batch number and its place) and, when
+  given, `global_map` applied to the whole global batch first."""
+
+  def __init__(self, records, transform, seed: int, rows: slice,
+               global_map: Callable[[Example], Example] | None):
+    self.records, self.transform, self.seed = records, transform, seed
+    self.rows, self.global_map = rows, global_map
+
+  def __call__(self, number: int, indices: np.ndarray) -> Example:
+    picked = indices if self.global_map else indices[self.rows]
+    batch = _stack([self.transform(self.records[int(i)],
+                                   np.random.default_rng([self.seed, number, k]))
+                    for k, i in enumerate(picked)])
+    if self.global_map:
+      batch = {k: v[self.rows] for k, v in self.global_map(batch).items()}
+    return batch
+
+
+def _grouped_batches(records, transform: Callable[[Example, np.random.Generator], Example],
+                     length_of: Callable[[Example], int], loader: LoaderConfig,
+                     global_map: Callable[[Example], Example] | None) -> grain.MapDataset:
+  """This process's rows of length-grouped global batches (`loader.length_groups`). The
+  lengths come from one transform of each record (a random transform's draw may differ
+  from a batch's: grouping is a cost heuristic, the padding is the batch's own)."""
+  if not loader.shuffle or loader.num_epochs is not None or not loader.drop_remainder:
+    raise ValueError("length-grouped batches are for training: shuffled, repeated, "
+                     "whole batches")
+  shard_index, shard_count = loader.shard_index, loader.shard_count
+  if shard_index is None or shard_count is None:
+    import jax  # Only for the process layout.
+    shard_index, shard_count = jax.process_index(), jax.process_count()
+  lengths = np.fromiter((length_of(transform(records[i], np.random.default_rng(0)))
+                         for i in range(len(records))), np.int64, len(records))
+  rows = slice(shard_index * loader.batch_size, (shard_index + 1) * loader.batch_size)
+  return (length_groups.index_batches(lengths, loader.batch_size * shard_count,
+                                      loader.length_groups, loader.seed)
+          .map_with_index(_GroupedBatch(records, transform, loader.seed, rows, global_map)))
+
+
+def _summed_length(example: Example, fields: Sequence[str]) -> int:
+  """An example's tokens over its token masks (the length it is grouped by)."""
+  return int(sum(example[name].sum() for name in fields))
+
+
 def _make_pipeline(source, keep: Callable[[Example], bool] | None, skip_reason: str,
                    transform: Callable[[Example, np.random.Generator], Example],
                    loader: LoaderConfig,
-                   global_map: Callable[[Example], Example] | None = None) -> Pipeline:
+                   global_map: Callable[[Example], Example] | None = None,
+                   length_of: Callable[[Example], int] | None = None) -> Pipeline:
   """`keep` None: every record is usable (not read to check). `global_map`: see
-  `process_batches`."""
+  `process_batches`. `length_of`: an example's length in tokens, for `loader.length_groups`
+  (a pipeline without one refuses them)."""
   eligible = [i for i in range(len(source)) if keep is None or keep(source[i])]
   if not eligible:
     raise ValueError(f"no usable records ({skip_reason}: all {len(source)} records of the "
                      "split were skipped)")
-  ds = grain.MapDataset.source(_Subset(source, eligible)).seed(loader.seed)
-  if loader.shuffle:
-    ds = ds.shuffle()
-  ds = ds.repeat(loader.num_epochs).random_map(transform)
-  ds = process_batches(ds, loader.batch_size, loader.drop_remainder, loader.shard_index,
-                       loader.shard_count, global_map)
+  records = grain.MapDataset.source(_Subset(source, eligible))
+  if loader.length_groups:
+    if length_of is None:
+      raise ValueError("this pipeline does not group batches by length (length_groups "
+                       f"{loader.length_groups}; set it to 0)")
+    ds = _grouped_batches(records, transform, length_of, loader, global_map)
+  else:
+    ds = records.seed(loader.seed)
+    if loader.shuffle:
+      ds = ds.shuffle()
+    ds = ds.repeat(loader.num_epochs).random_map(transform)
+    ds = process_batches(ds, loader.batch_size, loader.drop_remainder, loader.shard_index,
+                         loader.shard_count, global_map)
   iter_ds = iterate(ds, loader.read_ahead)
   if loader.worker_count > 0:
     # grain's workers read absl flags; outside an absl app (notebooks, pytest) nothing has
@@ -252,7 +317,9 @@ def text_retrieval(data_dir: str, split: str, tokenizer_dir: str, loader: Loader
   buckets = LengthBuckets(length_multiple, TEXT_RETRIEVAL_LENGTHS) if length_multiple else None
   return _make_pipeline(_source(data_dir, "claims", split),
                         lambda r: len(r["relevant_sentences"]) > 0,
-                        "no relevant KB sentence", transform, loader, buckets)
+                        "no relevant KB sentence", transform, loader, buckets,
+                        length_of=functools.partial(_summed_length, fields=tuple(
+                            mask for mask, _ in TEXT_RETRIEVAL_LENGTHS)))
 
 
 # ---- caption pre-training: (caption, picture) ---------------------------------------------
@@ -388,7 +455,9 @@ def explanation(data_dir: str, split: str, tokenizer_dir: str, loader: LoaderCon
   buckets = LengthBuckets(length_multiple, EXPLANATION_LENGTHS) if length_multiple else None
   return _make_pipeline(_source(data_dir, "claims", split),
                         lambda r: len(_text(r["explanation"]).strip()) > 0,
-                        "no gold explanation", transform, loader, buckets)
+                        "no gold explanation", transform, loader, buckets,
+                        length_of=functools.partial(_summed_length, fields=tuple(
+                            mask for mask, _ in EXPLANATION_LENGTHS)))
 
 
 TASKS: dict[str, Callable[..., Pipeline]] = {

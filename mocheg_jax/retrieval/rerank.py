@@ -51,6 +51,7 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
+from mocheg_jax.data import length_groups
 from mocheg_jax.data import pipelines
 from mocheg_jax.data.mocheg import MochegRelease
 from mocheg_jax.data.report import MochegInputError
@@ -84,6 +85,9 @@ def rerank_config() -> ml_collections.ConfigDict:
   r.loss = "bce"  # "bce" (the reference's, per pair) or "listwise" (per group): see above.
   r.pos_weight = 0.0  # bce: <= 0: n_negatives / n_positives of the training pairs.
   r.max_len = 128  # Tokens per (claim, sentence) pair, longest-first truncation.
+  # > 0: each training batch padded to the next multiple of this of its longest pair (one
+  # program per width met); 0: to max_len.
+  r.length_multiple = 0
   r.max_corpus = 20000  # Sentences searched when mining (relevant + random); 0: all.
   r.eval_candidates = 50  # First-stage candidates per dev claim.
   r.eval_batch_size = 128
@@ -371,32 +375,72 @@ def _tokenized_pairs(tokenizer_path: str, claims: list[str], sentences: list[str
           for k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
-class PairBatch:
-  """grain map: a global batch of pair indices -> this process's tokenised rows."""
+def pair_lengths(tokenizer_path: str, claims: Sequence[str], sentences: Sequence[str],
+                 max_len: int) -> np.ndarray:
+  """Tokens of each (claim, sentence) pair as the model reads it (truncated to max_len)."""
+  ids = _thread_tokenizer(tokenizer_path)(list(claims), list(sentences), max_length=max_len,
+                                          truncation=True)["input_ids"]
+  return np.fromiter(map(len, ids), np.int64, len(ids))
 
-  def __init__(self, pairs: Pairs, tokenizer_path: str, max_len: int, first: int, size: int):
-    self.pairs, self.tokenizer_path, self.max_len = pairs, tokenizer_path, max_len
-    self.first, self.size = first, size
+
+@dataclasses.dataclass(frozen=True)
+class BatchWidth:
+  """The token width of a global batch: the next multiple of `multiple` of its longest
+  example, from lengths counted up front, so every process pads its rows alike without
+  tokenising the others'."""
+  lengths: np.ndarray  # [examples] tokens (a group: its longest pair).
+  multiple: int
+  max_len: int
+
+  def __call__(self, indices: np.ndarray) -> int:
+    return length_groups.padded_length(self.lengths[indices].max(), self.multiple,
+                                       self.max_len)
+
+
+class _BatchMap:
+  """grain map: a global batch of example indices -> this process's tokenised rows."""
+
+  def __init__(self, tokenizer_path: str, max_len: int, first: int, size: int,
+               width: BatchWidth | None):
+    self.tokenizer_path, self.max_len = tokenizer_path, max_len
+    self.first, self.size, self.width = first, size, width
 
   def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-    rows = self.pairs.pairs[np.asarray(indices)[self.first:self.first + self.size]]
+    indices = np.asarray(indices)
+    out = self.rows(indices[self.first:self.first + self.size])
+    if self.width is not None:
+      width = self.width(indices)
+      for name in ("input_ids", "attention_mask", "token_type_ids"):
+        out[name] = out[name][..., :width]
+    return out
+
+  def rows(self, picked: np.ndarray) -> dict[str, np.ndarray]:
+    raise NotImplementedError
+
+
+class PairBatch(_BatchMap):
+  """Rows of pairs: [local batch, max_len] token fields, labels and claim ids."""
+
+  def __init__(self, pairs: Pairs, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.pairs = pairs
+
+  def rows(self, picked: np.ndarray) -> dict[str, np.ndarray]:
+    rows = self.pairs.pairs[picked]
     out = _tokenized_pairs(self.tokenizer_path, [self.pairs.claims[c] for c in rows[:, 0]],
                            [self.pairs.sentences[s] for s in rows[:, 1]], self.max_len)
     out.update(label=rows[:, 2].astype(np.float32), claim_id=self.pairs.claim_ids[rows[:, 0]])
     return out
 
 
-class GroupBatch:
-  """grain map: a global batch of group indices -> this process's tokenised groups,
-  [local batch, group size, max_len] each."""
+class GroupBatch(_BatchMap):
+  """Rows of groups: [local batch, group size, max_len] token fields and claim ids."""
 
-  def __init__(self, groups: Groups, tokenizer_path: str, max_len: int, first: int,
-               size: int):
-    self.groups, self.tokenizer_path, self.max_len = groups, tokenizer_path, max_len
-    self.first, self.size = first, size
+  def __init__(self, groups: Groups, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.groups = groups
 
-  def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-    picked = np.asarray(indices)[self.first:self.first + self.size]
+  def rows(self, picked: np.ndarray) -> dict[str, np.ndarray]:
     claim_rows, members = self.groups.claim_rows[picked], self.groups.members[picked]
     width = members.shape[1]
     out = _tokenized_pairs(
@@ -407,39 +451,69 @@ class GroupBatch:
     return out
 
 
-def _example_dataset(count: int, batch_map: Callable[[np.ndarray], dict[str, np.ndarray]],
-                     global_batch: int, seed: int, workers: int,
-                     read_ahead: pipelines.ReadAhead) -> grain.IterDataset:
-  """Shuffled example indices, repeated forever, batched and mapped; its iterator state
-  checkpoints. Every process batches the same global stream and tokenises its own rows, so
-  the global batches do not depend on the number of processes."""
-  ds = (grain.MapDataset.range(count).seed(seed).shuffle().repeat(None)
-        .batch(global_batch, drop_remainder=True).map(batch_map))
-  out = pipelines.iterate(ds, read_ahead)
-  if workers > 0:
+@dataclasses.dataclass(frozen=True)
+class Batching:
+  """How training batches are cut and padded (all processes alike)."""
+  global_batch: int
+  local_batch: int
+  seed: int
+  length_multiple: int = 0  # Pad each batch to the next multiple of its longest; 0: max_len.
+  length_groups: int = 0  # Examples of similar length together (data/length_groups.py).
+  workers: int = 0
+  read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()
+
+
+def _example_dataset(lengths: Callable[[], np.ndarray], count: int, make_map, max_len: int,
+                     batching: Batching) -> grain.IterDataset:
+  """Shuffled example indices, repeated forever, batched (grouped by length when asked) and
+  mapped by `make_map(first, size, width)`; its iterator state checkpoints. Every process
+  batches the same global stream and tokenises its own rows, so the global batches do not
+  depend on the number of processes. `lengths()` is called only when a length is used."""
+  b = batching
+  counted = lengths() if b.length_multiple or b.length_groups else None
+  width = BatchWidth(counted, b.length_multiple, max_len) if b.length_multiple else None
+  if b.length_groups:
+    ds = length_groups.index_batches(counted, b.global_batch, b.length_groups, b.seed)
+  else:
+    ds = (grain.MapDataset.range(count).seed(b.seed).shuffle().repeat(None)
+          .batch(b.global_batch, drop_remainder=True))
+  ds = ds.map(make_map(jax.process_index() * b.local_batch, b.local_batch, width))
+  out = pipelines.iterate(ds, b.read_ahead)
+  if b.workers > 0:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (see pipelines.py).
       flags.FLAGS.mark_as_parsed()
-    out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=b.workers))
   return out
 
 
-def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, global_batch: int,
-                 local_batch: int, seed: int, workers: int = 0,
-                 read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()) -> grain.IterDataset:
-  first = jax.process_index() * local_batch
-  return _example_dataset(len(pairs.pairs),
-                          PairBatch(pairs, tokenizer_path, max_len, first, local_batch),
-                          global_batch, seed, workers, read_ahead)
+def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, batching: Batching
+                 ) -> grain.IterDataset:
+  rows = pairs.pairs
+  lengths = lambda: pair_lengths(  # noqa: E731
+      tokenizer_path, [pairs.claims[c] for c in rows[:, 0]],
+      [pairs.sentences[s] for s in rows[:, 1]], max_len)
+  return _example_dataset(
+      lengths, len(rows),
+      lambda first, size, width: PairBatch(pairs, tokenizer_path, max_len, first, size, width),
+      max_len, batching)
 
 
-def group_dataset(groups: Groups, tokenizer_path: str, max_len: int, global_batch: int,
-                  local_batch: int, seed: int, workers: int = 0,
-                  read_ahead: pipelines.ReadAhead = pipelines.ReadAhead()
+def group_dataset(groups: Groups, tokenizer_path: str, max_len: int, batching: Batching
                   ) -> grain.IterDataset:
-  first = jax.process_index() * local_batch
-  return _example_dataset(len(groups.members),
-                          GroupBatch(groups, tokenizer_path, max_len, first, local_batch),
-                          global_batch, seed, workers, read_ahead)
+  members = groups.members
+
+  def lengths() -> np.ndarray:  # A group's length: its longest pair's.
+    each = pair_lengths(tokenizer_path,
+                        [groups.claims[c] for c in groups.claim_rows
+                         for _ in range(members.shape[1])],
+                        [groups.sentences[s] for s in members.reshape(-1)], max_len)
+    return each.reshape(members.shape).max(axis=1)
+
+  return _example_dataset(
+      lengths, len(members),
+      lambda first, size, width: GroupBatch(groups, tokenizer_path, max_len, first, size,
+                                            width),
+      max_len, batching)
 
 
 # ---- inference ---------------------------------------------------------------------------
@@ -611,6 +685,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
   if not 3 <= r.max_len <= source.config.max_position_embeddings:
     raise ValueError(f"config.rerank.max_len {r.max_len} must be in [3, "
                      f"{source.config.max_position_embeddings}] (the model's max positions)")
+  if r.length_multiple < 0:
+    raise ValueError(f"config.rerank.length_multiple must be >= 0 (0: pad to max_len), got "
+                     f"{r.length_multiple}")
   if r.loss not in LOSSES:
     raise ValueError(f"config.rerank.loss {r.loss!r}: expected one of {LOSSES}")
   listwise = r.loss == "listwise"
@@ -674,9 +751,10 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> Task:
 
   def train_data(local_batch: int):
     make, examples = (group_dataset, groups()) if listwise else (pair_dataset, pairs())
-    return iter(make(examples, source.tokenizer_dir, r.max_len, config.batch_size,
-                     local_batch, config.seed, config.data.workers,
-                     pipelines.ReadAhead.of(config.data)))
+    batching = Batching(config.batch_size, local_batch, config.seed, r.length_multiple,
+                        config.data.get("length_groups", 0), config.data.workers,
+                        pipelines.ReadAhead.of(config.data))
+    return iter(make(examples, source.tokenizer_dir, r.max_len, batching))
 
   tokenizer = load_tokenizer(source.tokenizer_dir)
 

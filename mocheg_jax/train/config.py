@@ -58,6 +58,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.workers = 0  # grain worker processes for the training input.
   c.data.read_threads = 2  # grain reader threads (data/pipelines.py: ReadAhead says why so few)
   c.data.read_ahead_batches = 4  # and how many batches they read ahead of the step.
+  # > 0: training batches of examples of similar length, sorted within megabatches of this
+  # many global batches (data/length_groups.py; the tasks whose inputs know their lengths:
+  # text retrieval, reranking, explanation); 0: batches drawn freely.
+  c.data.length_groups = 0
 
   c.distributed = ml_collections.ConfigDict()
   c.distributed.mode = "auto"  # auto | on | off (see parallel/distributed.py).
@@ -86,6 +90,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.batch_size {c.batch_size} is not divisible by "
                      f"config.accum_steps {c.accum_steps}")
   positive("early_stopping_patience", allow_zero=True)
+  groups = c.data.get("length_groups", 0)
+  if isinstance(groups, bool) or not isinstance(groups, int) or groups < 0:
+    raise ValueError(f"config.data.length_groups must be a non-negative integer, got "
+                     f"{groups!r}")
   if c.early_stopping_patience and not (c.best_metric and c.eval_every):
     raise ValueError("config.early_stopping_patience needs config.best_metric and a positive "
                      "config.eval_every")
