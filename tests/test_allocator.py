@@ -88,6 +88,13 @@ def test_a_purge_delay_already_set_is_kept(tmp_path):
   assert report["loaded"] == "mimalloc" and report["purge_delay"] == "250"
 
 
+def test_an_entry_point_may_ask_for_another_purge_delay(tmp_path):
+  source = _ENTRY.replace("run_under_preferred_allocator()",
+                          "run_under_preferred_allocator(purge_delay_ms=10_000)")
+  assert _report(_run(tmp_path, source))["purge_delay"] == "10000"
+  assert _report(_run(tmp_path, source, MIMALLOC_PURGE_DELAY="250"))["purge_delay"] == "250"
+
+
 def test_a_process_already_under_mimalloc_is_not_reexecuted(tmp_path):
   library = allocator.mimalloc_library()
   # Started with the preload: the process keeps its pid (no exec) and its environment.

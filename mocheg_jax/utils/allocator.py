@@ -82,7 +82,7 @@ def loaded() -> str:
     return "glibc"
 
 
-def _switch_environment() -> dict[str, str] | None:
+def _switch_environment(purge_delay_ms: int = -1) -> dict[str, str] | None:
   """The environment a re-exec under the requested allocator needs, or None when this
   process should go on as it is (it runs that allocator, it tried once already, not Linux,
   or no mimalloc library). Raises AllocatorError for an unknown MOCHEG_JAX_MALLOC."""
@@ -98,7 +98,7 @@ def _switch_environment() -> dict[str, str] | None:
     if library is None:
       return None
     preloads.insert(0, library)
-    env.setdefault(_PURGE_DELAY_VAR, "-1")
+    env.setdefault(_PURGE_DELAY_VAR, str(purge_delay_ms))
   env["LD_PRELOAD"] = " ".join(preloads)
   env[_TRIED_VAR] = choice
   return env
@@ -111,13 +111,18 @@ def reexecution_needed() -> bool:
   return _switch_environment() is not None
 
 
-def run_under_preferred_allocator() -> None:
+def run_under_preferred_allocator(purge_delay_ms: int = -1) -> None:
   """Re-executes this process under the allocator MOCHEG_JAX_MALLOC asks for when it runs
   another and the switch is possible (module doc); returns when nothing needs to change.
   Call it before importing JAX or PyTorch: nothing done before it is kept.
+
+  purge_delay_ms: mimalloc's MIMALLOC_PURGE_DELAY unless the environment sets one: -1
+  keeps every freed page (the fastest for a process of one job); a long process of many
+  jobs, where what one stage freed is not what the next allocates, may hand pages unused
+  that long back to the kernel instead (run_pipeline.py).
   """
   try:
-    env = _switch_environment()
+    env = _switch_environment(purge_delay_ms)
   except AllocatorError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
