@@ -139,6 +139,14 @@ def _encode(tokenizer_dir: str, text: str, max_len: int) -> tuple[np.ndarray, np
           np.asarray(enc["attention_mask"], np.int32))
 
 
+def _process_layout(shard_index: int | None, shard_count: int | None) -> tuple[int, int]:
+  """(this process's shard, the number of shards): as given, or JAX's process layout."""
+  if shard_index is None or shard_count is None:
+    import jax  # Only for the process layout; data code runs without devices otherwise.
+    return jax.process_index(), jax.process_count()
+  return shard_index, shard_count
+
+
 def process_batches(ds: grain.MapDataset, local_batch: int, drop_remainder: bool = True,
                     shard_index: int | None = None, shard_count: int | None = None,
                     global_map: Callable[[Example], Example] | None = None
@@ -156,9 +164,7 @@ def process_batches(ds: grain.MapDataset, local_batch: int, drop_remainder: bool
       shape every process must agree on, such as `LengthBuckets`); every process then reads
       every row of the batch.
   """
-  if shard_index is None or shard_count is None:
-    import jax  # Only for the process layout; data code runs without devices otherwise.
-    shard_index, shard_count = jax.process_index(), jax.process_count()
+  shard_index, shard_count = _process_layout(shard_index, shard_count)
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} is not in [0, {shard_count})")
   if global_map is None:
@@ -232,10 +238,7 @@ def _grouped_batches(records, transform: Callable[[Example, np.random.Generator]
   if not loader.shuffle or loader.num_epochs is not None or not loader.drop_remainder:
     raise ValueError("length-grouped batches are for training: shuffled, repeated, "
                      "whole batches")
-  shard_index, shard_count = loader.shard_index, loader.shard_count
-  if shard_index is None or shard_count is None:
-    import jax  # Only for the process layout.
-    shard_index, shard_count = jax.process_index(), jax.process_count()
+  shard_index, shard_count = _process_layout(loader.shard_index, loader.shard_count)
   lengths = np.fromiter((length_of(transform(records[i], np.random.default_rng(0)))
                          for i in range(len(records))), np.int64, len(records))
   rows = slice(shard_index * loader.batch_size, (shard_index + 1) * loader.batch_size)
