@@ -418,6 +418,19 @@ class _BatchMap:
     raise NotImplementedError
 
 
+def _pair_texts(pairs: Pairs, picked: np.ndarray) -> tuple[list[str], list[str]]:
+  """(claims, sentences) of the picked pairs, as the cross-encoder reads them."""
+  rows = pairs.pairs[picked]
+  return [pairs.claims[c] for c in rows[:, 0]], [pairs.sentences[s] for s in rows[:, 1]]
+
+
+def _group_texts(groups: Groups, picked: np.ndarray) -> tuple[list[str], list[str]]:
+  """(claims, sentences) of every member of the picked groups, group by group."""
+  width = groups.members.shape[1]
+  return ([groups.claims[c] for c in groups.claim_rows[picked] for _ in range(width)],
+          [groups.sentences[s] for s in groups.members[picked].reshape(-1)])
+
+
 class PairBatch(_BatchMap):
   """Rows of pairs: [local batch, max_len] token fields, labels and claim ids."""
 
@@ -427,8 +440,7 @@ class PairBatch(_BatchMap):
 
   def rows(self, picked: np.ndarray) -> dict[str, np.ndarray]:
     rows = self.pairs.pairs[picked]
-    out = _tokenized_pairs(self.tokenizer_path, [self.pairs.claims[c] for c in rows[:, 0]],
-                           [self.pairs.sentences[s] for s in rows[:, 1]], self.max_len)
+    out = _tokenized_pairs(self.tokenizer_path, *_pair_texts(self.pairs, picked), self.max_len)
     out.update(label=rows[:, 2].astype(np.float32), claim_id=self.pairs.claim_ids[rows[:, 0]])
     return out
 
@@ -441,13 +453,11 @@ class GroupBatch(_BatchMap):
     self.groups = groups
 
   def rows(self, picked: np.ndarray) -> dict[str, np.ndarray]:
-    claim_rows, members = self.groups.claim_rows[picked], self.groups.members[picked]
-    width = members.shape[1]
-    out = _tokenized_pairs(
-        self.tokenizer_path, [self.groups.claims[c] for c in claim_rows for _ in range(width)],
-        [self.groups.sentences[s] for s in members.reshape(-1)], self.max_len)
+    width = self.groups.members.shape[1]
+    out = _tokenized_pairs(self.tokenizer_path, *_group_texts(self.groups, picked),
+                           self.max_len)
     out = {k: v.reshape(len(picked), width, -1) for k, v in out.items()}
-    out["claim_id"] = self.groups.claim_ids[claim_rows]
+    out["claim_id"] = self.groups.claim_ids[self.groups.claim_rows[picked]]
     return out
 
 
@@ -488,12 +498,11 @@ def _example_dataset(lengths: Callable[[], np.ndarray], count: int, make_map, ma
 
 def pair_dataset(pairs: Pairs, tokenizer_path: str, max_len: int, batching: Batching
                  ) -> grain.IterDataset:
-  rows = pairs.pairs
+  every = np.arange(len(pairs.pairs))
   lengths = lambda: pair_lengths(  # noqa: E731
-      tokenizer_path, [pairs.claims[c] for c in rows[:, 0]],
-      [pairs.sentences[s] for s in rows[:, 1]], max_len)
+      tokenizer_path, *_pair_texts(pairs, every), max_len)
   return _example_dataset(
-      lengths, len(rows),
+      lengths, len(every),
       lambda first, size, width: PairBatch(pairs, tokenizer_path, max_len, first, size, width),
       max_len, batching)
 
@@ -503,10 +512,8 @@ def group_dataset(groups: Groups, tokenizer_path: str, max_len: int, batching: B
   members = groups.members
 
   def lengths() -> np.ndarray:  # A group's length: its longest pair's.
-    each = pair_lengths(tokenizer_path,
-                        [groups.claims[c] for c in groups.claim_rows
-                         for _ in range(members.shape[1])],
-                        [groups.sentences[s] for s in members.reshape(-1)], max_len)
+    each = pair_lengths(tokenizer_path, *_group_texts(groups, np.arange(len(members))),
+                        max_len)
     return each.reshape(members.shape).max(axis=1)
 
   return _example_dataset(
