@@ -30,6 +30,7 @@ from mocheg_jax.pipeline import report as report_lib
 from mocheg_jax.retrieval import stage as retrieval_stage
 from mocheg_jax.utils import configs
 from mocheg_jax.utils import paths
+from mocheg_jax.utils import resident_memory
 from mocheg_jax.verification import stage as verification_stage
 
 # Small shapes for the one-batch smoke draw; the stage configs own the real ones.
@@ -124,15 +125,17 @@ def run(scale: str, workdir: str, seed: int = 0, log: Callable[[str], None] = pr
 
 def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], release: str,
          overrides: configs.Overrides | None, moved: paths.Moved) -> dict:
-  summary: dict = {"scale": scale, "seed": seed, "timings_s": {},
+  summary: dict = {"scale": scale, "seed": seed, "timings_s": {}, "peak_resident_gb": {},
                    "release": configs.release_dir(workdir, release),
                    "matmul_precision": jax.config.jax_default_matmul_precision or ""}
   stage_inputs = dict(release=release, overrides=overrides)
 
   def timed(name: str, fn: Callable[[], object]):
     start = time.perf_counter()
-    out = fn()
+    with resident_memory.PeakWindow() as memory:
+      out = fn()
     summary["timings_s"][name] = round(time.perf_counter() - start, 2)
+    summary["peak_resident_gb"][name] = memory.peak_gb
     return out
 
   data = timed("prepare", lambda: distributed.primary_first(
@@ -173,6 +176,8 @@ def _run(scale: str, workdir: str, seed: int, log: Callable[[str], None], releas
       workdir, scale, seed, log, **stage_inputs))
   summary["explanation"] = explanation["rows"]
   summary["explanation_classifier"] = explanation["classifier"]
+  for key in ("timings_s", "peak_resident_gb"):  # Its trainings, as "explanation.NAME".
+    summary[key].update({f"explanation.{k}": v for k, v in explanation[key].items()})
 
   def publish() -> dict:
     manifest_lib.write_manifest(

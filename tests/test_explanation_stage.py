@@ -129,6 +129,8 @@ def test_table5_rows_and_files(stage_run):
   assert 0 <= out["classifier"]["macro_f1"] <= 1
   assert out["classifier"]["claims"] == with_explanation
   assert set(out["timings_s"]) == {"classifier", "explain_nll", "explain_reinforce"}
+  assert set(out["peak_resident_gb"]) == set(out["timings_s"])
+  assert all(gb > 0.1 for gb in out["peak_resident_gb"].values())  # JAX alone holds more.
 
   on_disk = json.load(open(workdir / table5.TABLE_JSON))
   assert [r["system"] for r in on_disk] == [r["system"] for r in rows]

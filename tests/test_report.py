@@ -23,6 +23,7 @@ CONFUSION = {"gold": [[3, 1, 1], [5, 0, 0], [0, 1, 4]],
 SYSTEMS = {"text": "SBERT + rerank", "image": "CLIP + text articles (top 2)"}
 # The image run is the grounded ranking the retrieval stage chose.
 SUMMARY = {"scale": "tiny", "seed": 0, "timings_s": {"prepare": 1.5, "retrieval": 12.25},
+           "peak_resident_gb": {"retrieval": 3.25},  # None for "prepare": shown as "-".
            "retrieval_system_image": {"articles": 2, "system": SYSTEMS["image"],
                                       "best_grounded": 2, "metric": "dev/recall@5",
                                       "dev": {"CLIP fine-tuned": 0.1, SYSTEMS["image"]: 0.5}}}
@@ -138,6 +139,7 @@ def test_report_end_to_end(workdir):
   assert on_disk == results
   assert (on_disk["scale"], on_disk["seed"]) == ("tiny", 0)
   assert on_disk["timings_s"] == SUMMARY["timings_s"]
+  assert on_disk["peak_resident_gb"] == SUMMARY["peak_resident_gb"]
   assert on_disk["table5"][0]["bleu"] is None
   assert "/table5/0/bleu" in on_disk["non_finite_as_null"]
   assert on_disk["table4"][1]["confusion_matrix"] == CONFUSION["gold"]
@@ -172,7 +174,7 @@ def test_report_end_to_end(workdir):
       assert f.read().strip() in md
   for name in plot_files:
     assert f"]({name})" in md
-  assert "| retrieval | 12.25 |" in md
+  assert "| retrieval | 12.25 | 3.25 |" in md and "| prepare | 1.5 | - |" in md
   assert "timings count only what it did again" in md  # What a rerun's timings mean.
 
   skipped = {s["input"]: s["reason"] for s in on_disk["skipped"]}

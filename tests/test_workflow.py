@@ -76,6 +76,10 @@ def test_main_job_runs_and_resumes_in_a_moved_folder(main_job, tmp_path):
   assert all(len(r.text_ids) == 10 and len(r.images) == 10 for r in results.values())
   on_disk = json.load(open(workdir / "summary.json"))
   assert on_disk["batches"] == summary["batches"]
+  # Every step's peak resident memory beside its time, the explanation stage's trainings too.
+  assert set(on_disk["peak_resident_gb"]) == set(on_disk["timings_s"]) >= {
+      "retrieval", "explanation", "explanation.explain_reinforce"}
+  assert all(gb > 0.1 for gb in on_disk["peak_resident_gb"].values())
   # A second run reuses every finished step (the world is not rewritten), here in a copy of
   # the folder made elsewhere (a job moved off a cluster): the paths the first run recorded
   # (saved configs, mining cache, index headers, feature stores) are read as the copy's.

@@ -43,7 +43,7 @@ from mocheg_jax.train import evaluations, loop
 from mocheg_jax.train.checkpoint import Checkpointer
 from mocheg_jax.train.restore import load_trained
 from mocheg_jax.train.writer import METRICS_FILE
-from mocheg_jax.utils import configs, files
+from mocheg_jax.utils import configs, files, resident_memory
 from mocheg_jax.verification import stage as verification_stage
 
 SPLIT = "test"
@@ -207,8 +207,8 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
         release: str = "", overrides: configs.Overrides | None = None) -> dict:
   """Runs the stage on `release` (default: the synthetic world in WORKDIR/release) with
   configs/classifier.py and configs/explain.py at `scale`, then `overrides`; returns
-  {"rows": Table 5 rows, "table": markdown, "classifier": its test scores, "timings_s": per
-  training}."""
+  {"rows": Table 5 rows, "table": markdown, "classifier": its test scores, "timings_s" and
+  "peak_resident_gb": per training}."""
   inputs = dict(release=release, overrides=overrides)
   reader = MochegRelease(configs.release_dir(workdir, release))
   stages = os.path.join(workdir, "stages")
@@ -219,12 +219,15 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
       raise MochegInputError(f"{path}: missing; the {who} stage writes it (run the main job's "
                              "earlier stages first)")
   timings: dict[str, float] = {}
+  peaks: dict[str, float] = {}  # Peak resident memory, GiB: the stage's trainings share a process.
 
   def train(name: str, config: ml_collections.ConfigDict, where: str) -> None:
     log(f"training {name} in {where}")
     start = time.perf_counter()
-    loop.train_stage(config, where, log=log)
+    with resident_memory.PeakWindow() as memory:
+      loop.train_stage(config, where, log=log)
     timings[name] = round(time.perf_counter() - start, 2)
+    peaks[name] = memory.peak_gb
 
   classifier_dir = os.path.join(stages, CLASSIFIER_DIR)
   train("classifier", classifier_config(scale, workdir, seed, **inputs), classifier_dir)
@@ -256,8 +259,9 @@ def run(workdir: str, scale: str, seed: int = 0, log: Callable[[str], None] = pr
 
   # The trainings above are collective; generating and scoring is process 0's alone.
   out = distributed.primary_only("explanation_stage", evaluate)
-  log("explanation trainings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
-  return {**out, "timings_s": timings}
+  log("explanation trainings: " + ", ".join(
+      f"{k} {timings[k]} s (peak resident {peaks[k]} GiB)" for k in timings))
+  return {**out, "timings_s": timings, "peak_resident_gb": peaks}
 
 
 def start_from_nll_run(nll_dir: str, nll_config: ml_collections.ConfigDict,

@@ -208,10 +208,14 @@ def _markdown(results: dict, texts: dict[str, str | None]) -> str:
            f"{results['matmul_precision'] or 'JAX default'} precision. Figures are on the "
            f"test split of the release in `{results['release']}`.", ""]
   if results["timings_s"]:
-    lines += ["## Timings", "", "| Step | Seconds |", "|---|---:|"]
-    lines += [f"| {k} | {v} |" for k, v in results["timings_s"].items()]
+    peaks = results["peak_resident_gb"]
+    lines += ["## Timings", "", "| Step | Seconds | Peak resident GiB |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v} | {peaks.get(k, '-')} |" for k, v in results["timings_s"].items()]
     lines += ["", "A rerun of the job reuses finished trainings and evaluations "
-              f"(`{evaluations.RECORDS_DIR}/`): its timings count only what it did again.", ""]
+              f"(`{evaluations.RECORDS_DIR}/`): its timings count only what it did again. "
+              "The peak is the process's resident memory at its highest during the step "
+              "(`explanation.NAME`: one training of that stage); the stages share one "
+              "process, so what one leaves held counts in the next.", ""]
   for key, (_, heading) in TABLES.items():
     lines += [f"## {heading}", "", texts[key] or f"Not available ({key}.md missing).", ""]
     if key == "table3":
@@ -250,9 +254,10 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
 
   Args:
     workdir: the main job's folder, after its stages have run.
-    summary: the main job's summary: "scale", "seed", "timings_s", "release" (the release
-      folder; default WORKDIR/release) and, when the explanation stage ran,
-      "explanation_classifier" (the classifier's test scores).
+    summary: the main job's summary: "scale", "seed", "timings_s", "peak_resident_gb" (per
+      step, like the timings), "release" (the release folder; default WORKDIR/release)
+      and, when the explanation stage ran, "explanation_classifier" (the classifier's test
+      scores).
     log: where the skipped inputs are reported, one line each.
 
   Raises:
@@ -294,6 +299,7 @@ def write_report(workdir: str, summary: dict, log: Callable[[str], None] = print
       "scale": summary.get("scale"), "seed": summary.get("seed"),
       "release": release_dir, "matmul_precision": summary.get("matmul_precision", ""),
       "timings_s": summary.get("timings_s", {}),
+      "peak_resident_gb": summary.get("peak_resident_gb", {}),
       **rows,
       "explanation_classifier": summary.get("explanation_classifier"),
       "system_text": summary.get("retrieval_system_text"),
