@@ -123,6 +123,33 @@ def test_source_reconstruction_term_is_the_nll_of_copying_the_source_after_bos()
   assert float(metrics["nll"]) == pytest.approx(float(plain))
 
 
+def test_source_reconstruction_over_every_kth_row_is_those_rows_nll():
+  """reconstruction_row_stride=2: the term is the copying NLL of rows 0, 2, ... alone (their
+  tokens pooled), the explanation's NLL unchanged."""
+  model, batch = _model(), _batch()
+  source, mask = np.asarray(batch["source_ids"])[:, :T], np.asarray(batch["source_mask"])[:, :T]
+  decoder_inputs = np.concatenate([np.full((B, 1), BOS), source[:, :-1]], axis=1)
+
+  @jax.jit
+  def run(batch, decoder_inputs):
+    every = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=None,
+                                       settings=reinforce.ReinforceSettings(),
+                                       reconstruction_weight=1.0)
+    strided = reinforce.explanation_loss(model, batch, step=jnp.int32(0), key=None,
+                                         settings=reinforce.ReinforceSettings(),
+                                         reconstruction_weight=1.0,
+                                         reconstruction_row_stride=2)
+    return every, strided, model(batch["source_ids"], batch["source_mask"], decoder_inputs)
+
+  (_, every), (_, strided), logits = run(batch, jnp.asarray(decoder_inputs))
+  picked = np.take_along_axis(_log_softmax(np.asarray(logits)), source[..., None], -1)[..., 0]
+  rows = np.arange(B) % 2 == 0
+  want = -picked[rows][mask[rows] == 1].mean()
+  assert B > 2 and want != pytest.approx(-picked[mask == 1].mean())  # A different term.
+  np.testing.assert_allclose(float(strided["reconstruction_nll"]), want, rtol=1e-5)
+  assert float(strided["nll"]) == pytest.approx(float(every["nll"]))
+
+
 def test_cutting_padding_to_a_length_bucket_leaves_the_loss_and_gradients_alone():
   """pipelines.LengthBuckets cuts a batch to its longest rows; with the copying term's
   length fixed (the task passes max_target_len), loss, metrics and gradients are those of
@@ -473,6 +500,9 @@ def test_the_generator_starts_from_a_local_hf_bart_folder(tmp_path):
                              hf.model.shared.weight.detach().numpy())
   e.max_source_len = 100  # More than the 64 positions.
   with pytest.raises(MochegInputError, match="max_source_len = 100 exceeds the model's 64"):
+    generator_task.generator_source(e, "unused")
+  e.max_source_len, e.reconstruction_row_stride = 48, 0
+  with pytest.raises(MochegInputError, match="reconstruction_row_stride must be >= 1"):
     generator_task.generator_source(e, "unused")
   e.init = ""
   with pytest.raises(MochegInputError, match="explain.init '' is neither 'random' nor"):

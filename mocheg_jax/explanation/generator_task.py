@@ -83,6 +83,9 @@ def explain_config() -> ml_collections.ConfigDict:
   # Weight of the auxiliary source-copying NLL (reinforce.source_reconstruction_nll, for
   # training from scratch); 0 for a pretrained BART (the paper's setting).
   e.reconstruction_weight = 0.0
+  # The term over every k-th row of a batch only (1: all): the copying pass costs about as
+  # much as the explanation's own.
+  e.reconstruction_row_stride = 1
   # The reward (reinforce.ReinforceSettings).
   e.classifier = ""  # A truthfulness classifier's training workdir; "": NLL only.
   # How the classifier reads a sample: "ids" (the generator's token ids, inside the step; the
@@ -212,6 +215,9 @@ def _check_lengths(e: ml_collections.ConfigDict, config: bart.BartConfig) -> Non
   if e.length_multiple < 0:
     raise MochegInputError(f"config.explain.length_multiple must be >= 0 (0: no buckets), "
                            f"got {e.length_multiple}")
+  if e.reconstruction_row_stride < 1:
+    raise MochegInputError("config.explain.reconstruction_row_stride must be >= 1 (1: every "
+                           f"row), got {e.reconstruction_row_stride}")
 
 
 def build_model(source: GeneratorSource, seed: int, dtype: str = "float32") -> bart.Bart:
@@ -417,6 +423,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str,
                                       settings=settings, reward_model=reward,
                                       reconstruction_weight=e.reconstruction_weight,
                                       reconstruction_length=e.max_target_len,
+                                      reconstruction_row_stride=e.reconstruction_row_stride,
                                       start_ids=starts)
 
   def train_data(local_batch: int):

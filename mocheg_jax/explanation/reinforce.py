@@ -215,8 +215,10 @@ def _decoder_inputs(model: Bart, ids: jax.Array, start_ids: jax.Array | None) ->
 
 
 def source_reconstruction_nll(model: Bart, memory: jax.Array, source_ids: jax.Array,
-                              source_mask: jax.Array, length: int) -> jax.Array:
-  """NLL of re-writing the source's first `length` tokens from its encoder memory.
+                              source_mask: jax.Array, length: int, row_stride: int = 1
+                              ) -> jax.Array:
+  """NLL of re-writing the source's first `length` tokens from its encoder memory, for every
+  `row_stride`-th row of the batch.
 
   An auxiliary objective for a randomly initialised generator (a pretrained BART has learnt
   it as its denoising pre-training): without it the decoder of the small synthetic world
@@ -229,11 +231,17 @@ def source_reconstruction_nll(model: Bart, memory: jax.Array, source_ids: jax.Ar
   kept the encoder alive over 400 steps (configs/explain.py). The decoder is told which text
   to write by its start token: BOS here, BART's decoder start (EOS) for explanations, so
   generation is unchanged.
+
+  The copying pass costs as much as the explanation's own (a vocabulary projection at every
+  position: ~40% of the small generator's step, BENCHMARKS.md); `row_stride` > 1 copies
+  only rows 0, k, 2k, ... A stride rather than the first rows: each device's block of a
+  sharded batch keeps its share.
   """
   c = model.config
-  targets, mask = source_ids[:, :length], source_mask[:, :length]
+  rows = slice(None, None, row_stride)
+  targets, mask = source_ids[rows, :length], source_mask[rows, :length]
   inputs = shift_tokens_right(targets, c.pad_token_id, c.bos_token_id)
-  logits = model.decode(inputs, memory, source_mask, deterministic=False)
+  logits = model.decode(inputs, memory[rows], source_mask[rows], deterministic=False)
   return token_nll(logits, targets, mask)[0]
 
 
@@ -318,6 +326,7 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
                      reward_model: RewardModel | None = None,
                      reconstruction_weight: float = 0.0,
                      reconstruction_length: int | None = None,
+                     reconstruction_row_stride: int = 1,
                      start_ids: jax.Array | None = None
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """NLL (+ the weighted REINFORCE term once `step >= settings.start_step`) of a batch.
@@ -339,6 +348,7 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
       `reconstruction_length` source tokens (0: off; for randomly initialised generators).
     reconstruction_length: default T; a fixed length (the task's max_target_len) keeps the
       term the same whatever padding a batch's length bucket cut.
+    reconstruction_row_stride: the term over every k-th row of the batch only.
     start_ids: int [B], each row's decoder start token for the explanation (the NLL pass,
       the sample and its scoring pass); None: the model's decoder_start_token_id.
 
@@ -358,7 +368,8 @@ def explanation_loss(model: Bart, batch: Mapping[str, jax.Array], *, step: jax.A
   loss = nll
   if reconstruction_weight:
     copy_nll = source_reconstruction_nll(model, train_memory, source_ids, source_mask,
-                                         reconstruction_length or targets.shape[1])
+                                         reconstruction_length or targets.shape[1],
+                                         reconstruction_row_stride)
     metrics["reconstruction_nll"] = copy_nll
     loss = loss + reconstruction_weight * copy_nll
   if reward_model is None or settings.sc_weight == 0:
