@@ -22,8 +22,10 @@ CONFUSION = {"gold": [[3, 1, 1], [5, 0, 0], [0, 1, 4]],
 # modality -> the Table 3 system whose run runs/MODALITY.run holds.
 SYSTEMS = {"text": "SBERT + rerank", "image": "CLIP + text articles (top 2)"}
 # The image run is the grounded ranking the retrieval stage chose.
-SUMMARY = {"scale": "tiny", "seed": 0, "timings_s": {"prepare": 1.5, "retrieval": 12.25},
-           "peak_resident_gb": {"retrieval": 3.25},  # None for "prepare": shown as "-".
+SUMMARY = {"scale": "tiny", "seed": 0,
+           "timings_s": {"prepare": 1.5, "kb_stats": 0.5, "retrieval": 12.25},
+           # "-" where a step has no figure: "prepare" absent, "kb_stats" None.
+           "peak_resident_gb": {"retrieval": 3.25, "kb_stats": None},
            "retrieval_system_image": {"articles": 2, "system": SYSTEMS["image"],
                                       "best_grounded": 2, "metric": "dev/recall@5",
                                       "dev": {"CLIP fine-tuned": 0.1, SYSTEMS["image"]: 0.5}}}
@@ -174,7 +176,8 @@ def test_report_end_to_end(workdir):
       assert f.read().strip() in md
   for name in plot_files:
     assert f"]({name})" in md
-  assert "| retrieval | 12.25 | 3.25 |" in md and "| prepare | 1.5 | - |" in md
+  assert "| retrieval | 12.25 | 3.25 |" in md
+  assert "| prepare | 1.5 | - |" in md and "| kb_stats | 0.5 | - |" in md
   assert "timings count only what it did again" in md  # What a rerun's timings mean.
 
   skipped = {s["input"]: s["reason"] for s in on_disk["skipped"]}

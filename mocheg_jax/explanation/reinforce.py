@@ -233,7 +233,7 @@ def source_reconstruction_nll(model: Bart, memory: jax.Array, source_ids: jax.Ar
   generation is unchanged.
 
   The copying pass costs as much as the explanation's own (a vocabulary projection at every
-  position: ~40% of the small generator's step, BENCHMARKS.md); `row_stride` > 1 copies
+  position: a third of the small generator's step, BENCHMARKS.md); `row_stride` > 1 copies
   only rows 0, k, 2k, ... A stride rather than the first rows: each device's block of a
   sharded batch keeps its share.
   """

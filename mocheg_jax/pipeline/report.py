@@ -210,7 +210,8 @@ def _markdown(results: dict, texts: dict[str, str | None]) -> str:
   if results["timings_s"]:
     peaks = results["peak_resident_gb"]
     lines += ["## Timings", "", "| Step | Seconds | Peak resident GiB |", "|---|---:|---:|"]
-    lines += [f"| {k} | {v} | {peaks.get(k, '-')} |" for k, v in results["timings_s"].items()]
+    lines += [f"| {k} | {v} | {'-' if peaks.get(k) is None else peaks[k]} |"
+              for k, v in results["timings_s"].items()]
     lines += ["", "A rerun of the job reuses finished trainings and evaluations "
               f"(`{evaluations.RECORDS_DIR}/`): its timings count only what it did again. "
               "The peak is the process's resident memory at its highest during the step "

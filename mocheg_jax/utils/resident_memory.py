@@ -8,8 +8,8 @@ report.md) instead of leaving it to an outside sampler.
 
 Linux keeps the peak as VmHWM in /proc/self/status and resets it to the current resident
 size when "5" is written to /proc/self/clear_refs (Linux >= 4.0). Where it cannot be reset
-(another OS, a sandbox without clear_refs) a step's figure is the process's peak so far,
-an upper bound, and `PeakWindow.reset` says so.
+(another OS, a sandbox without clear_refs) a step has no figure of its own (None: shown as
+"-"), rather than the process's peak so far passed off as the step's.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ _open_windows: list["PeakWindow"] = []
 
 class PeakWindow:
   """`with PeakWindow() as w: ...`, then `w.peak_gb`: the peak resident memory (GiB) of the
-  block, `w.reset` whether the system's peak could be reset at its start.
+  block; None where the system's peak could not be reset at its start.
 
   Windows nest: opening one resets the process's peak, so it first hands the peak so far to
   the windows open around it.
@@ -84,4 +84,5 @@ class PeakWindow:
 
   def __exit__(self, *exc) -> None:
     _open_windows.remove(self)
-    self.peak_gb = round(max(self._seen, peak_gb()), 2)
+    if self.reset:
+      self.peak_gb = round(max(self._seen, peak_gb()), 2)
