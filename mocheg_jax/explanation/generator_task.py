@@ -83,8 +83,9 @@ def explain_config() -> ml_collections.ConfigDict:
   # Weight of the auxiliary source-copying NLL (reinforce.source_reconstruction_nll, for
   # training from scratch); 0 for a pretrained BART (the paper's setting).
   e.reconstruction_weight = 0.0
-  # The term over every k-th row of a batch only (1: all): the copying pass costs about as
-  # much as the explanation's own.
+  # The term over every k-th row of a batch only (1: all). It is a third of the small
+  # generator's step, but over every 4th row the encoder learnt slower and the 950-step
+  # generator came out worse (BENCHMARKS.md, "The generator's copying term").
   e.reconstruction_row_stride = 1
   # The reward (reinforce.ReinforceSettings).
   e.classifier = ""  # A truthfulness classifier's training workdir; "": NLL only.

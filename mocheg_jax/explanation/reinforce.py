@@ -234,8 +234,9 @@ def source_reconstruction_nll(model: Bart, memory: jax.Array, source_ids: jax.Ar
 
   The copying pass costs as much as the explanation's own (a vocabulary projection at every
   position: a third of the small generator's step, BENCHMARKS.md); `row_stride` > 1 copies
-  only rows 0, k, 2k, ... A stride rather than the first rows: each device's block of a
-  sharded batch keeps its share.
+  only rows 0, k, 2k, ... (on the small world that made the encoder learn slower: not
+  used there). A stride rather than the first rows: each device's block of a sharded batch
+  keeps its share.
   """
   c = model.config
   rows = slice(None, None, row_stride)
