@@ -22,12 +22,17 @@ if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
 
 import json
 import os
+import sys
 import tempfile
 import time
 
 import numpy as np
 from absl import app
 from absl import flags
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # `python benchmarks/NAME.py` from anywhere: `benchmarks.timing`.
+  sys.path.insert(0, _REPO)
 
 _STRIDES = flags.DEFINE_list("strides", ["1", "2", "4"], "Row strides of the copying term.")
 _BATCHES = flags.DEFINE_integer("batches", 6, "Training batches timed.", lower_bound=1)
@@ -36,28 +41,10 @@ _DATA_DIR = flags.DEFINE_string("data_dir", "", "A prepared small world (default
 _OUT = flags.DEFINE_string("out", "benchmarks/copy_term.json", "JSON output.")
 
 
-def _step(config, workdir: str):
-  """The config's generator task and its jitted loss-and-gradient step at fixed weights."""
-  import jax
-  from flax import nnx
-
-  from mocheg_jax.train import state as state_lib
-  from mocheg_jax.train.task import resolve
-
-  task = resolve(config.task)(config, workdir)
-  spec = state_lib.ModelSpec.of(task.model)
-  params = nnx.to_pure_dict(nnx.state(task.model(), nnx.Param))
-
-  @jax.jit
-  def step(params, batch):
-    def loss(p):
-      return task.loss(spec.merge(p, {}, {}, jax.random.key(0)), batch)
-    return jax.value_and_grad(loss, has_aux=True)(params)
-
-  return task, lambda batch: jax.block_until_ready(step(params, batch))
-
-
 def bench(data_dir: str, strides: list[int], batches: int) -> dict:
+  from benchmarks.timing import loss_and_grad_step
+
+  from mocheg_jax.train.task import resolve
   from mocheg_jax.utils import configs
 
   shipped = configs.stage_config("explain", "small", data_dir, 0)
@@ -68,7 +55,8 @@ def bench(data_dir: str, strides: list[int], batches: int) -> dict:
     config = configs.stage_config("explain", "small", data_dir, 0)
     config.explain.reconstruction_weight = weight
     config.explain.reconstruction_row_stride = stride
-    task, steps[name] = _step(config, os.path.join(data_dir, "bench_copy_term"))
+    task = resolve(config.task)(config, os.path.join(data_dir, "bench_copy_term"))
+    steps[name] = loss_and_grad_step(task)
   data = iter(task.train_data(config.batch_size))  # The same batches for every variant.
   inputs = [{k: np.asarray(v) for k, v in next(data).items()} for _ in range(batches)]
 

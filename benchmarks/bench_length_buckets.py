@@ -32,12 +32,17 @@ if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
 
 import json
 import os
+import sys
 import tempfile
 import time
 
 import numpy as np
 from absl import app
 from absl import flags
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # `python benchmarks/NAME.py` from anywhere: `benchmarks.timing`.
+  sys.path.insert(0, _REPO)
 
 _STAGES = flags.DEFINE_list("stages", ["retrieval_text", "explain"],
                             "Stages whose training step is timed.")
@@ -97,23 +102,13 @@ def _time_interleaved(task, sides: dict[str, list[dict]], masks) -> tuple[dict, 
   """Median seconds of one jitted loss-and-gradient step per side (the sides' batches
   interleaved, after a first pass that compiles) and the first call's seconds per new
   shape of `masks`' widths."""
-  import jax
-  from flax import nnx
+  from benchmarks.timing import loss_and_grad_step
 
-  from mocheg_jax.train import state as state_lib
-
-  spec = state_lib.ModelSpec.of(task.model)
-  params = nnx.to_pure_dict(nnx.state(task.model(), nnx.Param))
-
-  @jax.jit
-  def step(params, batch):
-    def loss(p):
-      return task.loss(spec.merge(p, {}, {}, jax.random.key(0)), batch)
-    return jax.value_and_grad(loss, has_aux=True)(params)
+  step = loss_and_grad_step(task)
 
   def run(batch) -> float:
     start = time.perf_counter()
-    jax.block_until_ready(step(params, batch))
+    step(batch)
     return time.perf_counter() - start
 
   names = list(sides)

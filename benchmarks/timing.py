@@ -19,6 +19,26 @@ def best_time(fn, *args, repeats: int) -> float:
   return best
 
 
+def loss_and_grad_step(task):
+  """A training task's loss and gradient, jitted, at fresh random weights (dropout on): a
+  function of a batch that returns once the outputs are ready."""
+  import jax
+  from flax import nnx
+
+  from mocheg_jax.train import state as state_lib
+
+  spec = state_lib.ModelSpec.of(task.model)
+  params = nnx.to_pure_dict(nnx.state(task.model(), nnx.Param))
+
+  @jax.jit
+  def step(params, batch):
+    def loss(p):
+      return task.loss(spec.merge(p, {}, {}, jax.random.key(0)), batch)
+    return jax.value_and_grad(loss, has_aux=True)(params)
+
+  return lambda batch: jax.block_until_ready(step(params, batch))
+
+
 PRECISIONS = ("float32", "bfloat16")
 
 
