@@ -75,6 +75,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from absl import app, flags  # noqa: E402
 
 from benchmarks.timing import PRECISIONS, precision_scopes  # noqa: E402
+from mocheg_jax.utils import resident_memory  # noqa: E402
 
 SIZES = {
     # name: (d_model, layers each side, heads, ffn, vocab)
@@ -110,29 +111,14 @@ _PRECISION = flags.DEFINE_enum("precision", "float32", PRECISIONS,
 
 # ---- memory and timing ----------------------------------------------------------------------
 def _status_gb(field: str) -> float:
-  """A /proc/self/status memory field (kB) in GB; NaN where there is no /proc."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith(field + ":"):
-          return int(line.split()[1]) / 1e6
-  except OSError:
-    pass
-  return float("nan")
-
-
-def _reset_peak() -> None:
-  """Resets VmHWM to the current RSS (Linux >= 4.0); a no-op elsewhere."""
-  try:
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-  except OSError:
-    pass
+  """A /proc/self/status memory field (kB) in GB; NaN off Linux."""
+  kib = resident_memory.status_kib(field)
+  return float("nan") if kib is None else kib / 1e6
 
 
 def _measured(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
   """(fn(), wall s, CPU s of the process, peak RSS above the RSS before it, GB)."""
-  _reset_peak()
+  resident_memory.reset_peak()  # A no-op (False) where the system cannot.
   rss = _status_gb("VmRSS")
   start, cpu = time.perf_counter(), time.process_time()
   out = fn()

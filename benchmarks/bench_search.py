@@ -48,6 +48,8 @@ import time
 
 from absl import app, flags
 
+from mocheg_jax.utils import resident_memory
+
 _NUM_DOCS = flags.DEFINE_integer("num_docs", 2_792_639, "Corpus rows (paper: 2,792,639).")
 _NUM_QUERIES = flags.DEFINE_integer("num_queries", 2442, "Queries (paper test claims: 2,442).")
 _K = flags.DEFINE_integer("k", 10, "Results per query.")
@@ -69,17 +71,16 @@ WRITE_BATCH = 65536
 
 def _status_gb(field: str) -> float:
   """A /proc/self/status memory field (kB) in GB."""
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) / 1e6
-  raise RuntimeError(f"{field} not in /proc/self/status")
+  kib = resident_memory.status_kib(field)
+  if kib is None:
+    raise RuntimeError(f"{field} not in /proc/self/status")
+  return kib / 1e6
 
 
 def _reset_peak() -> None:
   """Resets VmHWM to the current RSS (Linux >= 4.0: clear_refs 5)."""
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+  if not resident_memory.reset_peak():
+    raise RuntimeError("cannot reset the peak resident memory (/proc/self/clear_refs)")
 
 
 def _cpu_seconds() -> float:

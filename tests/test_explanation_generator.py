@@ -99,12 +99,17 @@ def test_nll_equals_a_hand_computation(start_ids):
   assert set(metrics) == {"nll", "target_tokens"}  # No reward model: no reward metrics.
 
 
+def _copying_inputs(batch):
+  """The copied source's first T tokens, their mask, and the decoder inputs (BOS first)."""
+  source, mask = np.asarray(batch["source_ids"])[:, :T], np.asarray(batch["source_mask"])[:, :T]
+  return source, mask, np.concatenate([np.full((B, 1), BOS), source[:, :-1]], axis=1)
+
+
 def test_source_reconstruction_term_is_the_nll_of_copying_the_source_after_bos():
   """The auxiliary term: the decoder, started with BOS (not the explanation's EOS start),
   re-writes the source's first T tokens from the same encoder pass; weighted into the loss."""
   model, batch = _model(), _batch()
-  source, mask = np.asarray(batch["source_ids"])[:, :T], np.asarray(batch["source_mask"])[:, :T]
-  decoder_inputs = np.concatenate([np.full((B, 1), BOS), source[:, :-1]], axis=1)
+  source, mask, decoder_inputs = _copying_inputs(batch)
 
   @jax.jit
   def run(batch, decoder_inputs):
@@ -127,8 +132,7 @@ def test_source_reconstruction_over_every_kth_row_is_those_rows_nll():
   """reconstruction_row_stride=2: the term is the copying NLL of rows 0, 2, ... alone (their
   tokens pooled), the explanation's NLL unchanged."""
   model, batch = _model(), _batch()
-  source, mask = np.asarray(batch["source_ids"])[:, :T], np.asarray(batch["source_mask"])[:, :T]
-  decoder_inputs = np.concatenate([np.full((B, 1), BOS), source[:, :-1]], axis=1)
+  source, mask, decoder_inputs = _copying_inputs(batch)
 
   @jax.jit
   def run(batch, decoder_inputs):

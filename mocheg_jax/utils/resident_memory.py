@@ -14,13 +14,10 @@ size when "5" is written to /proc/self/clear_refs (Linux >= 4.0). Where it canno
 
 from __future__ import annotations
 
-import resource
-import sys
-
 _GIB = 1024**3
 
 
-def _status_kib(field: str) -> int | None:
+def status_kib(field: str) -> int | None:
   """A "VmRSS:   1234 kB" line of /proc/self/status, in KiB; None off Linux."""
   try:
     with open("/proc/self/status") as f:
@@ -32,20 +29,20 @@ def _status_kib(field: str) -> int | None:
   return None
 
 
-def current_gb() -> float | None:
-  """Resident memory now, GiB; None where /proc is not there."""
-  kib = _status_kib("VmRSS")
+def _gib(field: str) -> float | None:
+  kib = status_kib(field)
   return None if kib is None else kib * 1024 / _GIB
 
 
-def peak_gb() -> float:
-  """The peak resident memory since the process started or the last `reset_peak`, GiB."""
-  kib = _status_kib("VmHWM")
-  if kib is not None:
-    return kib * 1024 / _GIB
-  # getrusage: KiB on Linux, bytes on macOS; it never resets.
-  maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return maxrss / _GIB if sys.platform == "darwin" else maxrss * 1024 / _GIB
+def current_gb() -> float | None:
+  """Resident memory now, GiB; None where /proc is not there."""
+  return _gib("VmRSS")
+
+
+def peak_gb() -> float | None:
+  """The peak resident memory since the process started or the last `reset_peak`, GiB;
+  None where /proc is not there."""
+  return _gib("VmHWM")
 
 
 def reset_peak() -> bool:
@@ -75,10 +72,10 @@ class PeakWindow:
     self._seen = 0.0
 
   def __enter__(self) -> "PeakWindow":
-    so_far = peak_gb()
+    so_far = peak_gb() or 0.0
     for outer in _open_windows:
       outer._seen = max(outer._seen, so_far)
-    self.reset = reset_peak()
+    self.reset = reset_peak() and peak_gb() is not None
     _open_windows.append(self)
     return self
 
