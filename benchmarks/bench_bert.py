@@ -21,7 +21,6 @@ if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
 import json
 import os
 import platform
-import random
 import sys
 import time
 
@@ -35,6 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from absl import app, flags  # noqa: E402
 
 from benchmarks import timing  # noqa: E402
+from benchmarks.sample_text import sentences  # noqa: E402
 
 _N = flags.DEFINE_integer("num_sentences", 2000, "Sentences to encode.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Batch size (both sides).")
@@ -44,27 +44,6 @@ _PRECISION = flags.DEFINE_enum("precision", "float32", timing.PRECISIONS,
                                "Products on both sides (benchmarks/timing.py).")
 
 TARGET_RATIO = 1.0
-_WORDS = ("the council report said river bridge budget vote claim senator photo shows "
-          "million percent tax school water election video 2019 governor police city "
-          "health vaccine study found false true misleading according statement posted "
-          "facebook twitter viral image january state federal law court judge workers "
-          "prices oil climate record jobs border wall hospital doctors").split()
-
-
-def sentences(n: int, seed: int = 0) -> list[str]:
-  """Fact-checking-like sentences (as in the Mocheg sentence KB): 30% of 4-12 words, 62% of
-  12-40, 8% of 40-120 (the longest near the 256-token truncation length)."""
-  rng = random.Random(seed)
-  out = []
-  for _ in range(n):
-    r = rng.random()
-    words = rng.randint(4, 12) if r < 0.3 else rng.randint(12, 40) if r < 0.92 else \
-        rng.randint(40, 120)
-    text = " ".join(rng.choice(_WORDS) for _ in range(words))
-    out.append(text[0].upper() + text[1:] + rng.choice(".?!"))
-  return out
-
-
 def _best_times(fns, repeats: int) -> list[float]:
   """Best wall time of each function, the runs interleaved (a, b, a, b, ...) so that a
   change in machine load during the benchmark hits both sides alike."""

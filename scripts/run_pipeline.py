@@ -53,10 +53,11 @@ _HEARTBEAT = flags.DEFINE_integer(
     "a process dead and stops the job (0: JAX's default, 100 s).")
 _MATMUL_PRECISION = flags.DEFINE_enum(
     "matmul_precision", "auto", ["auto", "bfloat16", "float32"], "Products of float32 "
-    "arrays: bfloat16 operands with float32 sums (~4x faster dense layers on CPUs with AMX; "
-    "mocheg_jax/models/matmul.py) or float32 throughout. auto: JAX's setting where one is "
-    "given ($JAX_DEFAULT_MATMUL_PRECISION), else bfloat16 where every process of the job "
-    "runs on a CPU with AMX and the backend's default elsewhere (float32 on other CPUs). "
+    "arrays: bfloat16 operands with float32 sums (~4x faster dense layers on CPUs with AMX, "
+    "up to ~1.8x with AVX-512 BF16; mocheg_jax/models/matmul.py) or float32 throughout. "
+    "auto: JAX's setting where one is given ($JAX_DEFAULT_MATMUL_PRECISION), else bfloat16 "
+    "where every process of the job runs on a CPU with AMX or AVX-512 BF16 and the "
+    "backend's default elsewhere (float32 on other CPUs). "
     "A stage's config may keep its own "
     "(config.matmul_precision; the small reranker trains in float32). The pipeline folder "
     "records the job's setting for scripts/fact_check.py.")
@@ -89,7 +90,8 @@ def main(argv):
   if precision == "auto":
     precision = "" if jax.config.jax_default_matmul_precision else matmul.auto_precision()
     # The processes compute the same products together: bfloat16 only if every one of them
-    # picks it (a job across machines with and without AMX stays at JAX's default).
+    # picks it (a job across machines with and without bfloat16 units stays at JAX's
+    # default).
     if not distributed.on_every_process(precision == "bfloat16"):
       precision = ""
   if precision:

@@ -89,19 +89,19 @@ def test_run_pipeline_flags_become_overrides(monkeypatch):
                                  "verify": {"total_steps": 9}}
 
 
-@pytest.mark.parametrize("flag, env, amx, others_amx, expected", [
+@pytest.mark.parametrize("flag, env, units, others_units, expected", [
     ("auto", None, True, True, "bfloat16"), ("auto", None, False, True, None),
-    ("auto", None, True, False, None),  # Another process's machine has no AMX.
+    ("auto", None, True, False, None),  # Another process's CPU has no bfloat16 unit.
     ("auto", "float32", True, True, "float32"),  # JAX's own setting, given, stays.
     ("float32", None, True, True, "float32"), ("bfloat16", None, False, False, "bfloat16")])
-def test_run_pipeline_picks_the_matmul_precision(flag, env, amx, others_amx, expected,
+def test_run_pipeline_picks_the_matmul_precision(flag, env, units, others_units, expected,
                                                  monkeypatch):
   script = _run_pipeline_script()
-  monkeypatch.setattr(matmul, "has_amx", lambda: amx)
-  # A job of two processes, the other one's machine with or without AMX.
+  monkeypatch.setattr(matmul, "cpu_bfloat16_flags", lambda: ("avx512_bf16",) if units else ())
+  # A job of two processes, the other one's CPU with or without a bfloat16 unit.
   monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
   monkeypatch.setattr(distributed.multihost_utils, "process_allgather",
-                      lambda x: np.stack([x, np.asarray([int(others_amx)], np.int32)]))
+                      lambda x: np.stack([x, np.asarray([int(others_units)], np.int32)]))
   seen = []
   monkeypatch.setattr(workflow, "run",
                       lambda *a, **k: seen.append(jax.config.jax_default_matmul_precision))

@@ -193,21 +193,24 @@ def test_the_precision_is_read_when_tracing_so_a_jitted_function_follows_it():
     np.testing.assert_allclose(product(x, w), exact, rtol=1e-5, atol=1e-4)
 
 
-def test_amx_is_read_from_the_cpu_flags(tmp_path):
+def test_bfloat16_units_are_read_from_the_cpu_flags(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
-  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
-  assert not matmul.has_amx(str(cpuinfo))  # AVX-512 bfloat16 alone: unmeasured, no.
-  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
-  assert matmul.has_amx(str(cpuinfo))
-  assert not matmul.has_amx(str(tmp_path / "missing"))
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni amx_tile\n")
+  assert matmul.cpu_bfloat16_flags(str(cpuinfo)) == ()  # No bfloat16 unit among them.
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
+  assert matmul.cpu_bfloat16_flags(str(cpuinfo)) == ("avx512_bf16",)
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512_bf16 amx_bf16 amx_tile\n")
+  assert matmul.cpu_bfloat16_flags(str(cpuinfo)) == ("amx_bf16", "avx512_bf16")
+  assert matmul.cpu_bfloat16_flags(str(tmp_path / "missing")) == ()
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU choice")
-def test_auto_precision_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch):
-  monkeypatch.setattr(matmul, "has_amx", lambda: True)
-  assert matmul.auto_precision() == "bfloat16"
-  monkeypatch.setattr(matmul, "has_amx", lambda: False)
-  assert matmul.auto_precision() == ""
+@pytest.mark.parametrize("units, expected", [(("amx_bf16",), "bfloat16"),
+                                             (("avx512_bf16",), "bfloat16"), ((), "")])
+def test_auto_precision_is_bfloat16_only_on_a_cpu_with_bfloat16_units(units, expected,
+                                                                       monkeypatch):
+  monkeypatch.setattr(matmul, "cpu_bfloat16_flags", lambda: units)
+  assert matmul.auto_precision() == expected
 
 
 def test_an_empty_precision_scope_keeps_the_enclosing_setting():

@@ -15,7 +15,7 @@ products do on CPU what every backend does under that setting and a TPU does by 
 float32 operands rounded to bfloat16, products accumulated and returned in float32, for
 every weight at least MIN_BFLOAT16_WIDTH wide both ways (the setting allows bfloat16, it
 does not require it). CPUs with AMX run such dots ~4x faster than float32 ones
-(BENCHMARKS.md, "bfloat16 products").
+(BENCHMARKS.md, "bfloat16 products"), CPUs with AVX-512 BF16 up to ~1.8x.
 """
 
 from __future__ import annotations
@@ -49,21 +49,31 @@ def precision_scope(precision: str):
   return jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
 
 
-def has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-  """Whether the CPU has AMX bfloat16 tiles (Linux's cpuinfo flag amx_bf16)."""
+# Linux's cpuinfo flags of the CPU units that run bfloat16 products with float32 sums
+# faster than float32 ones, as measured (BENCHMARKS.md, "bfloat16 products" and
+# benchmarks/bench_precision.py): AMX tiles (~4x a product on an Intel Xeon) and AVX-512
+# BF16 dot products (1.7x MiniLM's encoding, 0.76-0.80x the small job's training steps on an
+# AMD EPYC).
+BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bfloat16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
+  """Which of BFLOAT16_CPU_FLAGS the CPU reports (none where cpuinfo cannot be read)."""
   try:
     with open(cpuinfo) as f:
-      return any(line.startswith("flags") and "amx_bf16" in line.split() for line in f)
+      line = next((line for line in f if line.startswith("flags")), "")
   except OSError:  # Not Linux: no flags to read, so no claim about the CPU.
-    return False
+    return ()
+  found = set(line.split())
+  return tuple(flag for flag in BFLOAT16_CPU_FLAGS if flag in found)
 
 
 def auto_precision() -> str:
   """The matmul precision a job may pick for speed when none is asked for: "bfloat16" on a
-  CPU with AMX, where those products run ~4x faster (BENCHMARKS.md, "bfloat16 products");
-  "" (JAX's default) elsewhere: other CPUs' bfloat16 paths are unmeasured, and GPUs and TPUs
-  have defaults of their own."""
-  return "bfloat16" if _on_cpu() and has_amx() else ""
+  CPU with AMX or AVX-512 BF16 (BFLOAT16_CPU_FLAGS), where those products were measured to
+  pay; "" (JAX's default) elsewhere: other CPUs emulate bfloat16, and GPUs and TPUs have
+  defaults of their own."""
+  return "bfloat16" if _on_cpu() and cpu_bfloat16_flags() else ""
 
 
 def _rounds(x: jax.Array, w: jax.Array) -> bool:
