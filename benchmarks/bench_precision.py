@@ -1,14 +1,16 @@
 r"""float32 against bfloat16 products on this CPU, at the small main job's own shapes.
 
   python benchmarks/bench_precision.py [--stages=retrieval_text,classifier,explain] \
-      [--batches=4] [--sentences=2000] [--data_dir=DIR] [--out=benchmarks/precision.json]
+      [--batches=4] [--sentences=2000] [--scale=small] [--data_dir=DIR] \
+      [--out=benchmarks/precision.json]
 
 Why: the main job's `--matmul_precision=auto` takes bfloat16 products where they were
 measured to pay (models/matmul.py: `auto_precision`), and whether they pay depends on the
 CPU's bfloat16 instructions (AMX tiles, AVX-512 BF16 dot products, or none) and on the
 widths of a stage's products. This measures it for the CPU it runs on, side by side:
-- each named stage's training step (configs/STAGE.py:small on the small synthetic world,
-  prepared in --data_dir or in a temporary folder: about a minute): the task's own loss and
+- each named stage's training step (configs/STAGE.py:SCALE on that synthetic world,
+  prepared in --data_dir or in a temporary folder: about a minute for `small`; `tiny` is
+  for smoke runs, its figures are not the job's): the task's own loss and
   gradient at fresh random weights, jitted once per precision (the setting is read while
   tracing), on --batches of its own training batches; a first pass compiles every batch
   shape at both precisions, a second times them interleaved batch by batch (float32, then
@@ -48,6 +50,7 @@ _BATCHES = flags.DEFINE_integer("batches", 4, "Training batches timed per stage.
                                 lower_bound=1)
 _SENTENCES = flags.DEFINE_integer("sentences", 2000, "Sentences encoded (0: no encoding row).",
                                   lower_bound=0)
+_SCALE = flags.DEFINE_enum("scale", "small", ["tiny", "small"], "The world and stage configs.")
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "A prepared small world (default: a new one "
                                 "in a temporary folder).")
 _OUT = flags.DEFINE_string("out", "benchmarks/precision.json", "JSON output.")
@@ -59,15 +62,15 @@ def _row(name: str, seconds: dict[str, float], detail: dict) -> dict:
           **detail}
 
 
-def time_stage(stage: str, data_dir: str, batches: int) -> dict:
-  """The median training step of configs/STAGE.py:small at each precision (interleaved)."""
+def time_stage(stage: str, scale: str, data_dir: str, batches: int) -> dict:
+  """The median training step of configs/STAGE.py:SCALE at each precision (interleaved)."""
   import jax
   from benchmarks.timing import loss_and_grad_step
 
   from mocheg_jax.train.task import resolve
   from mocheg_jax.utils import configs
 
-  config = configs.stage_config(stage, "small", data_dir, 0)
+  config = configs.stage_config(stage, scale, data_dir, 0)
   task = resolve(config.task)(config, os.path.join(data_dir, f"bench_precision_{stage}"))
   steps = {p: loss_and_grad_step(task) for p in PRECISIONS}  # One jit cache each.
   data = iter(task.train_data(config.batch_size))
@@ -129,8 +132,9 @@ def main(argv):
   with tempfile.TemporaryDirectory() as scratch:
     data_dir = _DATA_DIR.value or scratch
     if _STAGES.value:
-      prepare.prepare(data_dir, scale="small", seed=0, log=print)
-    rows.extend(time_stage(stage, data_dir, _BATCHES.value) for stage in _STAGES.value)
+      prepare.prepare(data_dir, scale=_SCALE.value, seed=0, log=print)
+    rows.extend(time_stage(stage, _SCALE.value, data_dir, _BATCHES.value)
+                for stage in _STAGES.value)
   from mocheg_jax.models.matmul import cpu_bfloat16_flags
   flags_found = list(cpu_bfloat16_flags())
   print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
@@ -140,7 +144,7 @@ def main(argv):
   for r in rows:
     print(f"| {r['row']} | {r['float32_s']:.3f} | {r['bfloat16_s']:.3f} | "
           f"{r['bfloat16_over_float32']:.2f}x |")
-  result = {"cpu_bfloat16_flags": flags_found, "cpu_count": os.cpu_count(),
+  result = {"scale": _SCALE.value, "cpu_bfloat16_flags": flags_found, "cpu_count": os.cpu_count(),
             "platform": platform.platform(), "rows": rows,
             "loadavg_after": os.getloadavg()}
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
