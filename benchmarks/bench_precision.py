@@ -51,8 +51,8 @@ _BATCHES = flags.DEFINE_integer("batches", 4, "Training batches timed per stage.
 _SENTENCES = flags.DEFINE_integer("sentences", 2000, "Sentences encoded (0: no encoding row).",
                                   lower_bound=0)
 _SCALE = flags.DEFINE_enum("scale", "small", ["tiny", "small"], "The world and stage configs.")
-_DATA_DIR = flags.DEFINE_string("data_dir", "", "A prepared small world (default: a new one "
-                                "in a temporary folder).")
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "A prepared world of --scale (default: a new "
+                                "one in a temporary folder).")
 _OUT = flags.DEFINE_string("out", "benchmarks/precision.json", "JSON output.")
 
 
@@ -122,6 +122,7 @@ def time_encoding(sentences: int) -> dict:
 def main(argv):
   del argv
   from mocheg_jax.data import prepare
+  from mocheg_jax.models.matmul import cpu_bfloat16_flags
 
   unknown = sorted(set(_STAGES.value) - set(STAGES))
   if unknown:
@@ -135,7 +136,6 @@ def main(argv):
       prepare.prepare(data_dir, scale=_SCALE.value, seed=0, log=print)
     rows.extend(time_stage(stage, _SCALE.value, data_dir, _BATCHES.value)
                 for stage in _STAGES.value)
-  from mocheg_jax.models.matmul import cpu_bfloat16_flags
   flags_found = list(cpu_bfloat16_flags())
   print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"bfloat16 flags: {', '.join(flags_found) or 'none'}")
@@ -144,8 +144,8 @@ def main(argv):
   for r in rows:
     print(f"| {r['row']} | {r['float32_s']:.3f} | {r['bfloat16_s']:.3f} | "
           f"{r['bfloat16_over_float32']:.2f}x |")
-  result = {"scale": _SCALE.value, "cpu_bfloat16_flags": flags_found, "cpu_count": os.cpu_count(),
-            "platform": platform.platform(), "rows": rows,
+  result = {"scale": _SCALE.value, "cpu_bfloat16_flags": flags_found,
+            "cpu_count": os.cpu_count(), "platform": platform.platform(), "rows": rows,
             "loadavg_after": os.getloadavg()}
   os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
   with open(_OUT.value, "w", encoding="utf-8") as f:
