@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 from absl import app
@@ -42,7 +41,7 @@ _OUT = flags.DEFINE_string("out", "benchmarks/copy_term.json", "JSON output.")
 
 
 def bench(data_dir: str, strides: list[int], batches: int) -> dict:
-  from benchmarks.timing import loss_and_grad_step
+  from benchmarks.timing import interleaved_seconds, loss_and_grad_step
 
   from mocheg_jax.train.task import resolve
   from mocheg_jax.utils import configs
@@ -60,21 +59,12 @@ def bench(data_dir: str, strides: list[int], batches: int) -> dict:
   data = iter(task.train_data(config.batch_size))  # The same batches for every variant.
   inputs = [{k: np.asarray(v) for k, v in next(data).items()} for _ in range(batches)]
 
-  def timed(run, batch) -> float:
-    start = time.perf_counter()
-    run(batch)
-    return time.perf_counter() - start
-
+  first, times = interleaved_seconds(steps, inputs)
   compile_s: dict[str, dict[str, float]] = {name: {} for name in steps}
-  for batch in inputs:  # Pass 1: compiles.
+  for i, batch in enumerate(inputs):  # The first call at each new width pair compiled.
     shape = str((batch["source_ids"].shape[1], batch["target_ids"].shape[1]))
-    for name, run in steps.items():
-      seconds = timed(run, batch)
-      compile_s[name].setdefault(shape, round(seconds, 2))
-  times: dict[str, list[float]] = {name: [] for name in steps}
-  for batch in inputs:  # Pass 2: timed, interleaved.
-    for name, run in steps.items():
-      times[name].append(timed(run, batch))
+    for name in steps:
+      compile_s[name].setdefault(shape, round(first[name][i], 2))
   medians = {name: float(np.median(t)) for name, t in times.items()}
   every = medians["stride 1"] if "stride 1" in medians else None
   return {"batch_size": int(config.batch_size),

@@ -65,7 +65,7 @@ def _row(name: str, seconds: dict[str, float], detail: dict) -> dict:
 def time_stage(stage: str, scale: str, data_dir: str, batches: int) -> dict:
   """The median training step of configs/STAGE.py:SCALE at each precision (interleaved)."""
   import jax
-  from benchmarks.timing import loss_and_grad_step
+  from benchmarks.timing import interleaved_seconds, loss_and_grad_step
 
   from mocheg_jax.train.task import resolve
   from mocheg_jax.utils import configs
@@ -76,17 +76,13 @@ def time_stage(stage: str, scale: str, data_dir: str, batches: int) -> dict:
   data = iter(task.train_data(config.batch_size))
   inputs = [{k: np.asarray(v) for k, v in next(data).items()} for _ in range(batches)]
 
-  def timed(precision: str, batch) -> float:
-    with jax.default_matmul_precision(precision):
-      start = time.perf_counter()
-      steps[precision](batch)
-      return time.perf_counter() - start
+  def at(precision: str):
+    def run(batch):
+      with jax.default_matmul_precision(precision):
+        steps[precision](batch)
+    return run
 
-  first = {p: [timed(p, b) for b in inputs] for p in PRECISIONS}  # Compiles each shape.
-  times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-  for batch in inputs:
-    for p in PRECISIONS:
-      times[p].append(timed(p, batch))
+  first, times = interleaved_seconds({p: at(p) for p in PRECISIONS}, inputs)
   return _row(f"{stage} training step (batch {config.batch_size})",
               {p: float(np.median(t)) for p, t in times.items()},
               {"first_calls_s": {p: [round(x, 2) for x in v] for p, v in first.items()}})

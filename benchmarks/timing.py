@@ -39,6 +39,27 @@ def loss_and_grad_step(task):
   return lambda batch: jax.block_until_ready(step(params, batch))
 
 
+def interleaved_seconds(runs: dict, inputs: list) -> tuple[dict, dict]:
+  """(first calls, timed calls): wall seconds of each run on each input, {name: [seconds
+  per input]} both. A first pass calls every run on every input (compiling each new shape);
+  a second times them interleaved input by input (every run on input 1, then on input 2,
+  ...), so that load changes during the benchmark hit every run alike. Each run must
+  return once its outputs are ready."""
+  def timed(run, batch) -> float:
+    start = time.perf_counter()
+    run(batch)
+    return time.perf_counter() - start
+
+  passes = []
+  for _ in range(2):
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for batch in inputs:
+      for name, run in runs.items():
+        seconds[name].append(timed(run, batch))
+    passes.append(seconds)
+  return passes[0], passes[1]
+
+
 PRECISIONS = ("float32", "bfloat16")
 
 
