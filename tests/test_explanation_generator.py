@@ -265,8 +265,11 @@ def test_the_reinforce_term_alone_teaches_what_the_reward_model_wants():
   """A sign and alignment guard for the whole term (sampler, scoring pass, baseline): the
   reward model wants token 3 + label; the label is the source's first token; training on the
   policy-gradient term alone (no NLL) must raise the sampled reward well above its start.
-  Measured: -0.33 over the first 10 steps, about 0.2 over the last 10 (lr 3e-3, 200
-  steps; it plateaus for ~100 steps while the policy learns to read the label)."""
+  Measured (2026-12-07, keys offset by 0-4 and with either sampler, Gumbel or inverse CDF):
+  -0.31 to -0.33 over the first 20 steps, 0.07-0.21 over the last 20 of 400 at lr 1e-3; it
+  plateaus for ~200 steps while the policy learns to read the label. At lr 3e-3 over 200
+  steps (this test until then) it passed or failed by the keys' draw: the reward rose,
+  then collapsed to -0.34 for 2 of 7 key offsets with each sampler."""
   model = _model(dropout=0.0)
   bag = BagOfIds(VOCAB)
   bag.scores[...] = jnp.zeros((VOCAB, 3)).at[jnp.arange(3) + 3, jnp.arange(3)].set(4.0)
@@ -276,7 +279,7 @@ def test_the_reinforce_term_alone_teaches_what_the_reward_model_wants():
   batch = {k: jnp.concatenate([v] * 4) for k, v in _batch().items()}
   batch["label"] = jnp.asarray(np.arange(4 * B) % 3, jnp.int32)
   batch["source_ids"] = batch["source_ids"].at[:, 0].set(20 + batch["label"])
-  optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
 
   @nnx.jit
   def train_step(model, optimizer, key, step):
@@ -289,8 +292,8 @@ def test_the_reinforce_term_alone_teaches_what_the_reward_model_wants():
     return reward
 
   rewards = [float(train_step(model, optimizer, jax.random.key(i), jnp.int32(i)))
-             for i in range(200)]
-  assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.3, rewards[::10]
+             for i in range(400)]
+  assert np.mean(rewards[-20:]) > np.mean(rewards[:20]) + 0.3, rewards[::20]
 
 
 def test_reward_and_baselines():

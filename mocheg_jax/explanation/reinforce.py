@@ -312,12 +312,12 @@ def _per_position_sample(logits: jax.Array, batch: Mapping[str, jax.Array], key:
   teacher-forced logits, as many positions as the gold target has."""
   logits = jax.lax.stop_gradient(logits)
   mask = batch["target_mask"].astype(bool)
-  ids = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+  ids = decoding.sample_categorical(key, logits)
   ids = jnp.where(mask, ids, batch["target_ids"])  # Pads stay pads.
   labels = batch["label"]
   rewards = reward_model.reward(ids, mask, labels)
   greedy = lambda: reward_model.reward(  # noqa: E731
-      jnp.where(mask, jnp.argmax(logits, -1).astype(jnp.int32), batch["target_ids"]), mask,
+      jnp.where(mask, decoding.first_argmax(logits), batch["target_ids"]), mask,
       labels)
   return ids, mask, rewards, baseline_rewards(settings.baseline, rewards, greedy)
 
