@@ -1,12 +1,12 @@
 r"""BART decoding throughput: ours (the whole loop one XLA program) vs transformers `generate`.
 
   python benchmarks/bench_bart.py [--sizes=base,small --batch=8 --source_length=128 \
-      --new_tokens=64 --num_beams=1 --max_length=N --repeats=3 --threads=N]
+      --new_tokens=64 --num_beams=1 --do_sample --max_length=N --repeats=3 --threads=N]
 
 Both sides run in this process on the same random weights (created with transformers and
 loaded by our converter), the same inputs and the same settings: greedy (or --num_beams
-beam search), KV cache on (HF use_cache=True), min_length = max_length so every row
-generates exactly --new_tokens tokens (the last one the forced EOS). Sizes: `base` is
+beam search, or --do_sample sampling), KV cache on (HF use_cache=True), min_length =
+max_length so every row generates exactly --new_tokens tokens (the last one the forced EOS). Sizes: `base` is
 bart-base (768-d, 6+6 layers, 50k vocabulary), `small` a 256-d 3+3 model.
 
 --max_length emulates generation to a larger limit whose texts end well before it (the
@@ -48,6 +48,10 @@ _BATCH = flags.DEFINE_integer("batch", 8, "Sources per batch.")
 _SOURCE = flags.DEFINE_integer("source_length", 128, "Source tokens per row.")
 _NEW = flags.DEFINE_integer("new_tokens", 64, "Tokens generated per row.")
 _BEAMS = flags.DEFINE_integer("num_beams", 1, "1: greedy; more: beam search.")
+_SAMPLE = flags.DEFINE_bool(
+    "do_sample", False, "Sample from the full distribution on both sides (top_k 0, top_p 1, "
+    "as the REINFORCE step does) instead of greedy; needs --num_beams=1. Rows then differ "
+    "between the sides (different generators), so 'same rows' means nothing.")
 _MAX_LENGTH = flags.DEFINE_integer(
     "max_length", None, "Generation limit counting the start token (default: --new_tokens "
     "+ 1); larger: rows end early with EOS (module docstring).")
@@ -101,6 +105,8 @@ def bench_size(name: str) -> dict:
   else:  # The decoder start token counts; the last token is the forced EOS.
     settings = dict(max_length=_NEW.value + 1, min_length=_NEW.value + 1)
   settings["num_beams"] = _BEAMS.value
+  if _SAMPLE.value:
+    settings.update(do_sample=True, top_k=0, top_p=1.0)
   ours_settings = dict(settings)
   if _SEGMENT.value is not None:
     ours_settings["cache_segment"] = _SEGMENT.value
@@ -111,10 +117,10 @@ def bench_size(name: str) -> dict:
   def run_hf():
     with torch.no_grad():
       return reference.generate(input_ids=torch_ids, attention_mask=torch_mask,
-                                do_sample=False, use_cache=True, **settings).numpy()
+                                use_cache=True, **{"do_sample": False, **settings}).numpy()
 
   def run_ours():
-    out = decoding.generate(ours, jax_ids, jax_mask, **ours_settings)
+    out = decoding.generate(ours, jax_ids, jax_mask, rng=jax.random.key(0), **ours_settings)
     return np.asarray(jax.block_until_ready(out.sequences))
 
   start = time.perf_counter()
@@ -160,7 +166,10 @@ def main(argv: list[str]) -> None:
   threads = _THREADS.value or cpus
   torch.set_num_threads(threads)
   results = [bench_size(name) for name in _SIZES.value]
-  mode = "greedy" if _BEAMS.value == 1 else f"beam {_BEAMS.value}"
+  if _SAMPLE.value and _BEAMS.value != 1:
+    raise app.UsageError("--do_sample needs --num_beams=1")
+  mode = (f"beam {_BEAMS.value}" if _BEAMS.value > 1
+          else "sampling" if _SAMPLE.value else "greedy")
   limit = f" (max_length {_max_length()})" if _max_length() > _NEW.value + 1 else ""
   print(f"BART {mode} decoding, batch {_BATCH.value} x source {_SOURCE.value}, "
         f"{_NEW.value} new tokens per row{limit}; best of {_REPEATS.value} interleaved runs; "

@@ -218,6 +218,7 @@ def extract_bart(data: dict, benchmark: str) -> list[dict]:
         _number(data, s, f"{r}.ours_tokens_per_s"),
         _number(data, s, f"{r}.reference_tokens_per_s"), "tok/s", "transformers generate",
         DECODING_TARGET,
+        "rows differ by design (other random generators)" if mode == "sampling" else
         f"identical rows {_number(data, s, f'{r}.identical_rows'):.0%}"))
   return out
 
@@ -345,6 +346,11 @@ BENCHMARKS = [
               quick_flags=("--sizes=tiny", "--batch=2", "--source_length=16",
                            "--target_length=8", "--repeats=1")),
     Benchmark("bart_greedy", "bench_bart.py", lambda d: extract_bart(d, "bart_greedy"), 3600,
+              quick_flags=("--sizes=small", "--batch=2", "--source_length=32",
+                           "--new_tokens=8", "--repeats=1")),
+    # Sampling from the full distribution, as the REINFORCE step samples (added 2026-12-07).
+    Benchmark("bart_sample", "bench_bart.py", lambda d: extract_bart(d, "bart_sample"), 3600,
+              flags=("--do_sample",),
               quick_flags=("--sizes=small", "--batch=2", "--source_length=32",
                            "--new_tokens=8", "--repeats=1")),
     Benchmark("bart_beam", "bench_bart.py", lambda d: extract_bart(d, "bart_beam"), 3600,

@@ -68,6 +68,7 @@ BART = {"benchmark": "bart_decoding", "mode": "greedy", "batch": 8, "source_leng
             {"size": "small", "ours_tokens_per_s": 2000.0, "reference_tokens_per_s": 900.0,
              "ratio": 2.22, "identical_rows": 0.5}]}
 BART_BEAM_400 = dict(BART, mode="beam 4", max_length=401)
+BART_SAMPLE = dict(BART, mode="sampling")
 TRAINER = {"benchmark": "trainer", "overhead": {
     "variant": "small", "mesh": "data=8", "log_every": 50,
     "trainer": {"median_ms": 145.5, "cpu_median_ms": 106.0},
@@ -145,6 +146,8 @@ def test_extractors_read_each_scripts_json():
   long_base, _ = run_all.extract_bart(BART_BEAM_400, "bart_beam_400")
   assert long_base["name"] == ("BART base beam 4 decoding, batch 8, 64 new tokens "
                                "(max_length 401)")
+  sampled, _ = run_all.extract_bart(BART_SAMPLE, "bart_sample")
+  assert "sampling decoding" in sampled["name"] and "differ by design" in sampled["note"]
 
   (trainer,) = run_all.extract_trainer(TRAINER)
   assert trainer["ratio"] == pytest.approx(1.06) and trainer["met"] is False
@@ -180,7 +183,7 @@ def test_extractors_read_each_scripts_json():
 
 def test_every_benchmark_has_an_extractor_for_its_example():
   examples = {"bert": BERT, "clip": CLIP, "search": SEARCH, "verify": VERIFY,
-              "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_beam": BART,
+              "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_sample": BART_SAMPLE, "bart_beam": BART,
               "bart_beam_400": BART_BEAM_400, "trainer": TRAINER, "contrastive": CONTRASTIVE,
               "gemm": GEMM, "data": DATA}
   assert set(examples) == set(run_all.BY_NAME)
