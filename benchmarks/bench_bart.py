@@ -6,8 +6,9 @@ r"""BART decoding throughput: ours (the whole loop one XLA program) vs transform
 Both sides run in this process on the same random weights (created with transformers and
 loaded by our converter), the same inputs and the same settings: greedy (or --num_beams
 beam search, or --do_sample sampling), KV cache on (HF use_cache=True), min_length =
-max_length so every row generates exactly --new_tokens tokens (the last one the forced EOS). Sizes: `base` is
-bart-base (768-d, 6+6 layers, 50k vocabulary), `small` a 256-d 3+3 model.
+max_length so every row generates exactly --new_tokens tokens (the last one the forced
+EOS). Sizes: `base` is bart-base (768-d, 6+6 layers, 50k vocabulary), `small` a 256-d 3+3
+model.
 
 --max_length emulates generation to a larger limit whose texts end well before it (the
 paper's evaluation decodes to 400 tokens; rulings are far shorter): both sides get that
@@ -165,9 +166,9 @@ def main(argv: list[str]) -> None:
   cpus = len(os.sched_getaffinity(0))  # What this process may use (taskset honoured).
   threads = _THREADS.value or cpus
   torch.set_num_threads(threads)
-  results = [bench_size(name) for name in _SIZES.value]
   if _SAMPLE.value and _BEAMS.value != 1:
     raise app.UsageError("--do_sample needs --num_beams=1")
+  results = [bench_size(name) for name in _SIZES.value]
   mode = (f"beam {_BEAMS.value}" if _BEAMS.value > 1
           else "sampling" if _SAMPLE.value else "greedy")
   limit = f" (max_length {_max_length()})" if _max_length() > _NEW.value + 1 else ""
