@@ -105,9 +105,9 @@ def bench_size(name: str) -> dict:
     settings = dict(max_length=_max_length(), min_length=_NEW.value)
   else:  # The decoder start token counts; the last token is the forced EOS.
     settings = dict(max_length=_NEW.value + 1, min_length=_NEW.value + 1)
-  settings["num_beams"] = _BEAMS.value
+  settings.update(num_beams=_BEAMS.value, do_sample=_SAMPLE.value)
   if _SAMPLE.value:
-    settings.update(do_sample=True, top_k=0, top_p=1.0)
+    settings.update(top_k=0, top_p=1.0)
   ours_settings = dict(settings)
   if _SEGMENT.value is not None:
     ours_settings["cache_segment"] = _SEGMENT.value
@@ -118,7 +118,7 @@ def bench_size(name: str) -> dict:
   def run_hf():
     with torch.no_grad():
       return reference.generate(input_ids=torch_ids, attention_mask=torch_mask,
-                                use_cache=True, **{"do_sample": False, **settings}).numpy()
+                                use_cache=True, **settings).numpy()
 
   def run_ours():
     out = decoding.generate(ours, jax_ids, jax_mask, rng=jax.random.key(0), **ours_settings)

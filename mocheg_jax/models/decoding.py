@@ -354,7 +354,6 @@ def _greedy_or_sample(model: Bart, memory: jax.Array, memory_mask: jax.Array,
       token = sample_categorical(jax.random.fold_in(rng, cur_len), scores)
     else:
       token = first_argmax(scores)
-    token = token.astype(jnp.int32)
     logp = jnp.take_along_axis(jax.nn.log_softmax(scores, axis=-1), token[:, None], -1)[:, 0]
     unfinished = c["unfinished"]
     token = jnp.where(unfinished, token, config.pad_token_id)  # Finished rows get pads.
