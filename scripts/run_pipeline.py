@@ -26,6 +26,7 @@ from absl import app, flags
 from mocheg_jax import workflow
 from mocheg_jax.models import matmul
 from mocheg_jax.parallel import distributed
+from mocheg_jax.utils import compile_cache
 from mocheg_jax.utils.cli import friendly_errors
 
 _SCALE = flags.DEFINE_enum("scale", "tiny", ["tiny", "small", "paper"],
@@ -61,6 +62,11 @@ _MATMUL_PRECISION = flags.DEFINE_enum(
     "A stage's config may keep its own "
     "(config.matmul_precision; the small reranker trains in float32). The pipeline folder "
     "records the job's setting for scripts/fact_check.py.")
+_COMPILATION_CACHE = flags.DEFINE_boolean(
+    "compilation_cache", True, "Keep compiled programs in WORKDIR/compilation_cache (one "
+    "folder per host CPU) and read back the ones met again, in this run or a rerun "
+    "(mocheg_jax/utils/compile_cache.py). $JAX_COMPILATION_CACHE_DIR, when set, is used "
+    "instead.")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "CONFIG:dotted.key=value, set in configs/CONFIG.py:SCALE for the stage "
     "that uses it (value: a Python literal, else a string); repeatable.")
@@ -82,6 +88,10 @@ def parse_override(text: str) -> tuple[str, str, object]:
 @friendly_errors
 def main(argv):
   del argv
+  # Before anything compiles: JAX settles on its cache folder at the first compilation.
+  if _COMPILATION_CACHE.value:
+    compile_cache.use_workdir_cache(_WORKDIR.value)
+  compiles = compile_cache.CompileTally()
   # Before anything touches the devices. Every process runs this same command; the
   # stages then train together and process 0 writes the shared outputs.
   distributed.maybe_initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
@@ -106,6 +116,7 @@ def main(argv):
     overrides.setdefault(name, {})[key] = value
   workflow.run(_SCALE.value, _WORKDIR.value, seed=_SEED.value, release=_RELEASE.value,
                overrides=overrides)
+  print(compiles.summary())
 
 
 if __name__ == "__main__":
