@@ -19,6 +19,7 @@ if __name__ == "__main__":  # First: a re-exec keeps nothing done before it.
 
 import contextlib
 import json
+import os
 import sys
 
 from absl import app, flags
@@ -33,6 +34,10 @@ _CLAIM = flags.DEFINE_string("claim", None, "One claim to check.")
 _IMAGE = flags.DEFINE_string("image", None, "An image that comes with --claim.")
 _INPUT = flags.DEFINE_string("input", None, "JSON lines: {\"claim\": ..., \"image\": ...}.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON lines out, one per input line.")
+_COMPILATION_CACHE = flags.DEFINE_boolean(
+    "compilation_cache", True, "Read back the programs the main job (or an earlier check) "
+    "compiled from PIPELINE/compilation_cache, and keep new ones there, when the folder is "
+    "writable (mocheg_jax/utils/compile_cache.py).")
 
 
 def read_requests(path: str) -> tuple[list[str], list[str | None]]:
@@ -86,7 +91,11 @@ def main(argv):
   else:
     claims, images = [_CLAIM.value], [_IMAGE.value]
 
-  from mocheg_jax.pipeline import fact_checker  # After flag checks: loading JAX is slow.
+  # After flag checks: loading JAX is slow.
+  from mocheg_jax.utils import compile_cache
+  if _COMPILATION_CACHE.value and os.access(_PIPELINE.value, os.W_OK | os.X_OK):
+    compile_cache.use_workdir_cache(_PIPELINE.value)  # Before anything compiles.
+  from mocheg_jax.pipeline import fact_checker
   claims, images = _checked(fact_checker, claims, images)
   # Library code logs with print; stdout carries only the JSON.
   with contextlib.redirect_stdout(sys.stderr):
