@@ -95,6 +95,7 @@ def main(argv):
   from mocheg_jax.utils import compile_cache
   if _COMPILATION_CACHE.value and os.access(_PIPELINE.value, os.W_OK | os.X_OK):
     compile_cache.use_workdir_cache(_PIPELINE.value)  # Before anything compiles.
+  compiles = compile_cache.CompileTally()
   from mocheg_jax.pipeline import fact_checker
   claims, images = _checked(fact_checker, claims, images)
   # Library code logs with print; stdout carries only the JSON.
@@ -104,6 +105,7 @@ def main(argv):
       results = [r.to_json() for r in checker.check_many(claims, images)]
     finally:
       checker.close()
+    print(compiles.summary())
   if _INPUT.value is None:
     print(json.dumps(results[0], ensure_ascii=False))
     return
