@@ -1,11 +1,11 @@
 """The main job's persistent compilation cache, kept in its workdir.
 
-One job compiles many programs more than once: the gold-trained verifier's three seeds train
-the same step, the zero-shot and the fine-tuned bi-encoder index the KB with the same
-forward, both generators decode with the same loops, and a rerun of an interrupted job
-compiles again everything the first run did. JAX's persistent cache keys a compiled program
-by its HLO, the compile options, the backend and the jax version, so a program met again is
-read back instead of compiled.
+A job meets some programs more than once (the gold-trained verifier's seeds train the same
+step; in a fresh small job 11 of 210 programs, README), a rerun of an interrupted job
+compiles again everything the first run did, and a fact-check compiles what the job's own
+sample checks did. JAX's persistent cache keys a compiled program by its HLO, the compile
+options, the backend and the jax version, so a program met again is read back instead of
+compiled.
 
 The folder is named per host CPU as well: XLA:CPU compiles for the instruction set of the
 machine it runs on, which JAX's key does not name, so a workdir copied to a CPU without,
