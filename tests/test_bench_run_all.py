@@ -184,8 +184,8 @@ def test_extractors_read_each_scripts_json():
 def test_every_benchmark_has_an_extractor_for_its_example():
   examples = {"bert": BERT, "clip": CLIP, "search": SEARCH, "verify": VERIFY,
               "bart_train": BART_TRAIN, "bart_greedy": BART, "bart_sample": BART_SAMPLE,
-              "bart_beam": BART, "bart_beam_400": BART_BEAM_400, "trainer": TRAINER, "contrastive": CONTRASTIVE,
-              "gemm": GEMM, "data": DATA}
+              "bart_beam": BART, "bart_beam_400": BART_BEAM_400, "trainer": TRAINER,
+              "contrastive": CONTRASTIVE, "gemm": GEMM, "data": DATA}
   assert set(examples) == set(run_all.BY_NAME)
   for name, data in examples.items():
     rows = run_all.BY_NAME[name].extract(data)
